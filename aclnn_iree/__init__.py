@@ -1,0 +1,11 @@
+"""aclnn-iree: aclnnGridSampler2DBackward and aclnnUpsampleBilinear2dBackwardV2 on any hardware.
+
+Jinja2 templates emit MLIR per specialisation, IREE compiles them to vmfb
+modules, and this package runs them behind aclnn's two-phase API
+(`aclnn_iree.aclnn`) and a Pythonic layer (the functions below).
+"""
+from .errors import AclnnError  # noqa: F401
+from .api import grid_sampler_2d_backward, upsample_bilinear2d_backward  # noqa: F401
+
+__version__ = "0.1.0"
+__all__ = ["AclnnError", "grid_sampler_2d_backward", "upsample_bilinear2d_backward"]

@@ -1,0 +1,474 @@
+"""The aclnn two-phase API in Python, on IREE (names, parameter order and status codes as in CANN).
+
+Porting a C snippet from the aclnn docs is line by line::
+
+    status, stream = aclrtCreateStream("local-task")
+    go = aclCreateTensor(grad_output)             # NumPy array -> device tensor
+    ...
+    status, ws_size, executor = aclnnGridSampler2DBackwardGetWorkspaceSize(
+        go, inp, grid, 0, 0, False, aclCreateBoolArray([True, True]), dx, dgrid)
+    workspace = None
+    if ws_size > 0:
+        status, workspace = aclrtMalloc(ws_size, stream)
+    status = aclnnGridSampler2DBackward(workspace, ws_size, executor, stream)
+    aclrtSynchronizeStream(stream)
+    dx.numpy(), dgrid.numpy()
+
+Phase 1 (`...GetWorkspaceSize`) checks the arguments in aclnn's order
+(shared/SPEC.md part B 2.2 and 3.2) and returns the first failing status, picks
+the specialisation, loads its compiled module and binds the call into an
+executor.  The workspace size is what the module's `<function>_transients_size`
+reports for these very arguments.  Phase 2 enqueues the call on the stream
+(IREE coarse-fences ABI) and returns without waiting; out tensors are written in
+place.  No function here raises: failures return a status code and
+`aclGetRecentErrMsg()` gives the calling thread's last message.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+
+import iree.runtime as rt
+import numpy as np
+
+from . import errors as E
+from . import validation as V
+from .compiler.compile import CompileError
+from .compiler.specs import GridSamplerSpec, UpsampleSpec
+from .errors import AclnnError
+from .runtime.device import DeviceUnavailable
+from .runtime.kernels import load_module
+from .runtime.store import ArtifactMissing
+from .tensors import (FORMATS, aclBoolArray, aclIntArray, aclrtBuffer, aclrtStream, aclTensor, aligned,
+                      device_of, hal_element_type, _import_or_upload)
+
+__all__ = [
+    "aclGetRecentErrMsg", "aclCreateTensor", "aclDestroyTensor", "aclCreateIntArray", "aclDestroyIntArray",
+    "aclCreateBoolArray", "aclDestroyBoolArray", "aclrtCreateStream", "aclrtSynchronizeStream",
+    "aclrtDestroyStream", "aclrtMalloc", "aclrtFree", "aclOpExecutor", "aclSetAclOpExecutorRepeatable",
+    "aclDestroyAclOpExecutor", "aclnnGridSampler2DBackwardGetWorkspaceSize", "aclnnGridSampler2DBackward",
+    "aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize", "aclnnUpsampleBilinear2dBackwardV2",
+    "aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer",
+]
+# The status codes are part of this module's namespace too (aclnn.ACLNN_SUCCESS, ...).
+globals().update({name: code for code, name in E.STATUS_NAMES.items()})
+__all__ += list(E.STATUS_NAMES.values())
+
+_tls = threading.local()
+
+
+def aclGetRecentErrMsg() -> str:
+    """The message of the calling thread's most recent failed call ("" if none)."""
+    return getattr(_tls, "message", "")
+
+
+def _set_error(message: str):
+    _tls.message = message
+
+
+def _status_call(failure_extra=()):
+    """Decorator: an AclnnError inside becomes (status, *failure_extra); any other exception
+    becomes ACLNN_ERR_INNER.  The message is kept for aclGetRecentErrMsg."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except AclnnError as e:
+                _set_error(str(e))
+                status = e.status
+            except Exception as e:  # never let an exception escape the aclnn layer
+                _set_error(f"ACLNN_ERR_INNER ({E.ACLNN_ERR_INNER}): {type(e).__name__}: {e}")
+                status = E.ACLNN_ERR_INNER
+            return (status, *failure_extra) if failure_extra else status
+        return inner
+    return wrap
+
+
+def _object_call(fn):
+    """Decorator for the aclCreate* functions: None (C's nullptr) on failure, message kept."""
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            _set_error(str(e))
+            return None
+    return inner
+
+
+# ----------------------------------------------------------------------------- objects
+@_object_call
+def aclCreateTensor(array=None, format: str = "ND", *, shape=None, dtype=None, device="local-task", stream=None):
+    """Creates a device tensor (aclTensor) holding a copy of `array`.
+
+    array: a NumPy array (any strides: a transposed or sliced view gives the
+    same tensor as its contiguous copy) of float16, bfloat16
+    (ml_dtypes.bfloat16), float32, float64 or an integer/bool dtype.  Or pass
+    `shape=` and `dtype=` instead of `array` for a zero-filled tensor (an output).
+    format: "ND", "NCHW" or "NHWC": how aclnn reads a 4-D tensor's dimensions
+    (the array's own axis order is the view order).
+    device: an IREE driver name, or `stream=` to use the stream's device.
+    Returns the aclTensor, or None on failure (see aclGetRecentErrMsg).
+    """
+    if format not in FORMATS:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"format {format!r} is not one of {FORMATS}")
+    dev = device_of(stream if stream is not None else device)
+    if array is None:
+        if shape is None or dtype is None:
+            raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR, "aclCreateTensor needs an array, or shape= and dtype=")
+        shape = tuple(int(s) for s in shape)
+        if any(s < 0 for s in shape):
+            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"shape {shape} has a negative dimension")
+        array = np.zeros(shape, dtype)
+    else:
+        array = np.array(array, copy=True, order="C")  # the tensor owns its data
+    try:
+        hal_element_type(array.dtype)
+    except KeyError:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateTensor: dtype {array.dtype} cannot be held") from None
+    return _wrap_host(dev, array, format)
+
+
+def _wrap_host(dev, array: np.ndarray, fmt: str) -> aclTensor:
+    """A tensor over `array` (imported without a copy on CPU devices: the tensor aliases it)."""
+    array = aligned(array)
+    buf = _import_or_upload(dev, array)
+    return aclTensor(dev, buf, array.shape, array.dtype, fmt, host=array if dev.is_host else None)
+
+
+def aclDestroyTensor(tensor) -> int:
+    """Releases a tensor; later use of it is an error status.  Returns ACLNN_SUCCESS or 161001."""
+    return _destroy(tensor, aclTensor)
+
+
+@_object_call
+def aclCreateIntArray(values) -> aclIntArray:
+    """An aclIntArray of int64 values (a list/tuple/1-D array of integers); None on failure."""
+    vals = list(values)
+    for v in vals:
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateIntArray: {v!r} is not an integer")
+        if not -2**63 <= int(v) < 2**63:
+            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateIntArray: {v} does not fit in int64")
+    return aclIntArray(vals)
+
+
+def aclDestroyIntArray(array) -> int:
+    """Releases an aclIntArray."""
+    return _destroy(array, aclIntArray)
+
+
+@_object_call
+def aclCreateBoolArray(values) -> aclBoolArray:
+    """An aclBoolArray (a list/tuple of bools); None on failure."""
+    vals = list(values)
+    for v in vals:
+        if not isinstance(v, (bool, np.bool_)):
+            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateBoolArray: {v!r} is not a bool")
+    return aclBoolArray(vals)
+
+
+def aclDestroyBoolArray(array) -> int:
+    """Releases an aclBoolArray."""
+    return _destroy(array, aclBoolArray)
+
+
+def _destroy(obj, cls) -> int:
+    if not isinstance(obj, cls) or obj.destroyed:
+        _set_error(f"ACLNN_ERR_PARAM_NULLPTR ({E.ACLNN_ERR_PARAM_NULLPTR}): not a live {cls.__name__}: {obj!r}")
+        return E.ACLNN_ERR_PARAM_NULLPTR
+    obj.destroyed = True
+    if isinstance(obj, aclTensor):
+        obj.buffer = obj.view = obj.host = None
+    return E.ACLNN_SUCCESS
+
+
+# ----------------------------------------------------------------------------- streams, memory
+@_status_call(failure_extra=(None,))
+def aclrtCreateStream(device="local-task"):
+    """(status, aclrtStream) on the IREE device `device` ("local-task", "local-sync", "vulkan", "cuda").
+
+    A missing driver or device is ACLNN_ERR_RUNTIME_ERROR with a message.
+    """
+    try:
+        dev = device_of(device)
+    except DeviceUnavailable as e:
+        raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, str(e)) from None
+    except (TypeError, ValueError) as e:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, str(e)) from None
+    return E.ACLNN_SUCCESS, aclrtStream(dev)
+
+
+@_status_call()
+def aclrtSynchronizeStream(stream) -> int:
+    """Waits until all work enqueued on `stream` has finished."""
+    _check_stream(stream)
+    stream.synchronize()
+    return E.ACLNN_SUCCESS
+
+
+@_status_call()
+def aclrtDestroyStream(stream) -> int:
+    """Waits for the stream's work, then releases it."""
+    _check_stream(stream)
+    stream.synchronize()
+    stream.destroyed = True
+    return E.ACLNN_SUCCESS
+
+
+@_status_call(failure_extra=(None,))
+def aclrtMalloc(size, device="local-task"):
+    """(status, aclrtBuffer) of `size` bytes on `device` (a driver name or a stream)."""
+    if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclrtMalloc: size must be a non-negative int, got {size!r}")
+    try:
+        dev = device_of(device)
+    except DeviceUnavailable as e:
+        raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, str(e)) from None
+    except (TypeError, ValueError) as e:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, str(e)) from None
+    return E.ACLNN_SUCCESS, aclrtBuffer(dev, int(size))
+
+
+@_status_call()
+def aclrtFree(buffer) -> int:
+    """Releases memory from aclrtMalloc."""
+    if not isinstance(buffer, aclrtBuffer) or buffer.freed:
+        raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR, f"aclrtFree: not a live aclrtBuffer: {buffer!r}")
+    buffer.freed = True
+    buffer.buffer = None
+    return E.ACLNN_SUCCESS
+
+
+def _check_stream(stream, device=None):
+    if not isinstance(stream, aclrtStream):
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"stream must be an aclrtStream, got {type(stream).__name__}")
+    if stream.destroyed:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, "stream was destroyed")
+    if device is not None and stream.device is not device:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
+                         f"stream is on device {stream.device.name} but the executor's tensors are on {device.name}")
+
+
+# ----------------------------------------------------------------------------- executors
+class aclOpExecutor:
+    """A bound call made by phase 1 (aclOpExecutor).
+
+    Single use by default: phase 2 runs it once and releases it.  After
+    aclSetAclOpExecutorRepeatable it runs any number of times until
+    aclDestroyAclOpExecutor.  `workspace_size` is in bytes.
+    """
+
+    def __init__(self, op: str, device, kernel=None, views=(), workspace_size: int = 0, zero_fill=(), keep=()):
+        self.op = op
+        self.device = device
+        self.kernel = kernel  # None: nothing to compute (empty tensors, all-False mask)
+        self.views = list(views)
+        self.workspace_size = int(workspace_size)
+        self.zero_fill = list(zero_fill)  # requested outputs to write as zeros (nothing contributes)
+        self.keep = keep  # objects the call reads, kept alive while the executor lives
+        self.repeatable = False
+        self.destroyed = False
+
+    def __repr__(self):
+        state = "destroyed" if self.destroyed else ("repeatable" if self.repeatable else "single-use")
+        return f"aclOpExecutor({self.op}, {state}, workspace={self.workspace_size} bytes)"
+
+
+@_status_call()
+def aclSetAclOpExecutorRepeatable(executor) -> int:
+    """Lets `executor` run many times; the caller then releases it with aclDestroyAclOpExecutor."""
+    _check_executor(executor)
+    executor.repeatable = True
+    return E.ACLNN_SUCCESS
+
+
+@_status_call()
+def aclDestroyAclOpExecutor(executor) -> int:
+    """Releases an executor; any later use of it is an error status."""
+    _check_executor(executor)
+    _release(executor)
+    return E.ACLNN_SUCCESS
+
+
+def _release(executor):
+    executor.destroyed = True
+    executor.kernel = None
+    executor.views = []
+    executor.keep = ()
+    executor.zero_fill = []
+
+
+def _check_executor(executor, op=None):
+    if executor is None:
+        raise AclnnError(E.ACLNN_ERR_INNER_NULLPTR, "executor is None")
+    if not isinstance(executor, aclOpExecutor):
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"executor must be an aclOpExecutor, got {type(executor).__name__}")
+    if executor.destroyed:
+        raise AclnnError(E.ACLNN_ERR_INNER_NOT_TRANS_EXECUTOR,
+                         "executor was already run (single use) or destroyed; call phase 1 again, or make it "
+                         "repeatable with aclSetAclOpExecutorRepeatable")
+    if op is not None and executor.op != op:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"executor was made for {executor.op}, not {op}")
+
+
+def _run(op, workspace, workspaceSize, executor, stream) -> int:
+    """Phase 2 of either op: checks the executor, stream and workspace, then enqueues the call."""
+    _check_executor(executor, op)
+    _check_stream(stream, executor.device)
+    if isinstance(workspaceSize, bool) or not isinstance(workspaceSize, (int, np.integer)) or workspaceSize < 0:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"workspaceSize must be a non-negative int, got {workspaceSize!r}")
+    need = executor.workspace_size
+    if workspaceSize < need:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
+                         f"workspaceSize {workspaceSize} is smaller than the {need} bytes phase 1 reported")
+    if need > 0:
+        if workspace is None:
+            raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR, f"workspace is None but {need} bytes are needed")
+        if not isinstance(workspace, aclrtBuffer) or workspace.freed:
+            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"workspace must be a live aclrtBuffer, got {workspace!r}")
+        if workspace.device is not executor.device:
+            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
+                             f"workspace is on {workspace.device.name}, the executor on {executor.device.name}")
+        if workspace.size < need:
+            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
+                             f"workspace holds {workspace.size} bytes, fewer than the {need} bytes needed")
+        ws_buffer = workspace.buffer
+    else:
+        ws_buffer = executor.device.placeholder
+    wait, signal = stream.next_fences()
+    try:
+        if executor.kernel is not None:
+            executor.kernel.launch(executor.views, ws_buffer, wait, signal)
+        else:
+            _enqueue_zero_fill(executor, wait, signal)
+    except Exception as e:
+        signal.fail(str(e))  # later work on the stream sees the failure instead of waiting forever
+        raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, f"launch failed: {e}") from None
+    if not executor.repeatable:
+        _release(executor)
+    return E.ACLNN_SUCCESS
+
+
+def _enqueue_zero_fill(executor, wait, signal):
+    """Stream-ordered zero fill of the requested outputs (or a no-op that only signals)."""
+    dev = executor.device
+    cb = rt.HalCommandBuffer(dev.hal, binding_capacity=0, begin=True)
+    for t in executor.zero_fill:
+        if t.nbytes:
+            cb.fill(t.buffer, np.zeros(1, np.uint8), 0, t.nbytes)
+    cb.end()
+    dev.hal.queue_execute([cb], wait, signal)
+
+
+def _phase1(build):
+    """Shared phase-1 wrapper: returns (status, workspaceSize, executor)."""
+    @functools.wraps(build)
+    @_status_call(failure_extra=(0, None))
+    def inner(*args, **kwargs):
+        executor = build(*args, **kwargs)
+        return E.ACLNN_SUCCESS, executor.workspace_size, executor
+    return inner
+
+
+def _load_kernel(device, spec, function_name):
+    """The kernel of a specialisation on a device, with load failures as status codes."""
+    try:
+        return load_module(device, spec).kernel(function_name)
+    except ArtifactMissing as e:
+        raise AclnnError(E.ACLNN_ERR_INNER_FIND_KERNEL_ERROR, str(e)) from None
+    except CompileError as e:
+        raise AclnnError(E.ACLNN_ERR_INNER, f"compiling {spec.kernel_name} failed: {e.stderr.strip()[:2000]}") from None
+    except DeviceUnavailable as e:
+        raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, str(e)) from None
+
+
+def _workspace_size(kernel, views) -> int:
+    try:
+        return kernel.workspace_size(views)
+    except Exception as e:
+        raise AclnnError(E.ACLNN_ERR_INNER_CREATE_EXECUTOR, f"workspace size query failed: {e}") from None
+
+
+# ----------------------------------------------------------------------------- grid sampler
+GRID_SAMPLER_OP = "aclnnGridSampler2DBackward"
+UPSAMPLE_OP = "aclnnUpsampleBilinear2dBackwardV2"
+
+
+@_phase1
+def aclnnGridSampler2DBackwardGetWorkspaceSize(gradOutput, input, grid, interpolationMode, paddingMode,
+                                                alignCorners, outputMask, inputGrad, gridGrad):
+    """Phase 1 of aclnnGridSampler2DBackward: check, pick the kernel, report the workspace.
+
+    gradOutput: (N, C, H_out, W_out); input: (N, C, H_in, W_in); grid:
+    (N, H_out, W_out, 2), last dim (x, y) normalised to [-1, 1]; inputGrad and
+    gridGrad: out tensors shaped like input and grid.  All one dtype: float16,
+    bfloat16, float32 or float64.  interpolationMode 0 bilinear / 1 nearest /
+    2 bicubic; paddingMode 0 zeros / 1 border / 2 reflection; alignCorners a
+    bool; outputMask an aclBoolArray of 2: [write inputGrad, write gridGrad].
+    Semantics: PyTorch 2.13 grid_sampler_2d_backward (shared/SPEC.md part A).
+    Returns (status, workspaceSize in bytes, executor): 161001 for a None
+    argument, 161002 for an invalid one (checked in aclnn's order), 561xxx when
+    no kernel can be loaded.
+    """
+    mask = V.check_grid_sampler(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners,
+                                outputMask, inputGrad, gridGrad)
+    dev = input.device
+    outputs = [t for t, m in zip((inputGrad, gridGrad), mask) if m]
+    if not outputs:
+        return aclOpExecutor(GRID_SAMPLER_OP, dev)
+    if gradOutput.size == 0 or input.size == 0 or grid.size == 0:
+        return aclOpExecutor(GRID_SAMPLER_OP, dev, zero_fill=outputs)
+    spec = GridSamplerSpec(V.INTERPOLATION_NAMES[interpolationMode], V.PADDING_NAMES[paddingMode],
+                           bool(alignCorners), input.dtype.name)
+    kernel = _load_kernel(dev, spec, spec.function_name(mask))
+    views = [gradOutput.view, input.view, grid.view] + [t.view for t in outputs]
+    keep = (gradOutput, input, grid, *outputs)
+    return aclOpExecutor(GRID_SAMPLER_OP, dev, kernel, views, _workspace_size(kernel, views), keep=keep)
+
+
+@_status_call()
+def aclnnGridSampler2DBackward(workspace, workspaceSize, executor, stream) -> int:
+    """Phase 2: enqueues the executor's call on `stream` and returns without waiting.
+
+    workspace: an aclrtBuffer of at least the phase-1 size on the executor's
+    device (None when that size is 0).  Returns ACLNN_SUCCESS, or a status for
+    a missing/too-small workspace (161001/161002), a used-up or destroyed
+    executor (561102), a wrong stream (161002).
+    """
+    return _run(GRID_SAMPLER_OP, workspace, workspaceSize, executor, stream)
+
+
+# ----------------------------------------------------------------------------- upsample
+@_phase1
+def aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(gradOut, outputSize, inputSize, alignCorners,
+                                                       scalesH, scalesW, out):
+    """Phase 1 of aclnnUpsampleBilinear2dBackwardV2.
+
+    gradOut: 4-D, format NCHW (N, C, H_out, W_out) or NHWC (N, H_out, W_out, C);
+    outputSize: aclIntArray (H_out, W_out); inputSize: aclIntArray of 4, the
+    grad-input sizes in gradOut's format order; alignCorners: bool; scalesH,
+    scalesW: the forward's scale factors, <= 0 meaning not given (a given scale
+    must satisfy H_out == floor(H_in * scalesH)); out: the grad-input tensor,
+    same dtype and format as gradOut.  Dtypes float16, bfloat16, float32, float64.
+    Semantics: PyTorch 2.13 upsample_bilinear2d_backward.  Returns (status,
+    workspaceSize in bytes, executor).
+    """
+    layout, (rh, rw) = V.check_upsample(gradOut, outputSize, inputSize, alignCorners, scalesH, scalesW, out)
+    dev = gradOut.device
+    if gradOut.size == 0 or out.size == 0:
+        return aclOpExecutor(UPSAMPLE_OP, dev, zero_fill=[out])
+    spec = UpsampleSpec(bool(alignCorners), gradOut.dtype.name, layout)
+    kernel = _load_kernel(dev, spec, spec.function_name())
+    compute = np.float64 if gradOut.dtype == np.float64 else np.float32
+    scales = _wrap_host(dev, np.array([rh, rw], compute), "ND")
+    views = [gradOut.view, scales.view, out.view]
+    return aclOpExecutor(UPSAMPLE_OP, dev, kernel, views, _workspace_size(kernel, views),
+                         keep=(gradOut, scales, out))
+
+
+@_status_call()
+def aclnnUpsampleBilinear2dBackwardV2(workspace, workspaceSize, executor, stream) -> int:
+    """Phase 2 of aclnnUpsampleBilinear2dBackwardV2 (same contract as aclnnGridSampler2DBackward)."""
+    return _run(UPSAMPLE_OP, workspace, workspaceSize, executor, stream)

@@ -1,0 +1,158 @@
+"""The Pythonic layer: NumPy in, NumPy out, PyTorch's argument names and order.
+
+Both functions are thin wrappers over the aclnn layer (aclnn_iree.aclnn): create
+tensors, phase 1, allocate the workspace, phase 2, synchronize, read back; a
+failing status becomes AclnnError.  So there is one code path for both layers.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import aclnn as A
+from .errors import ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_PARAM_NULLPTR, ACLNN_SUCCESS, AclnnError
+from .tensors import aclTensor
+from .validation import INTERPOLATION_NAMES, PADDING_NAMES
+
+__all__ = ["grid_sampler_2d_backward", "upsample_bilinear2d_backward"]
+
+_tls = threading.local()
+
+
+def _stream(device: str):
+    """This thread's stream on `device` (created once per thread and device)."""
+    streams = getattr(_tls, "streams", None)
+    if streams is None:
+        streams = _tls.streams = {}
+    s = streams.get(device)
+    if s is None:
+        status, s = A.aclrtCreateStream(device)
+        _check(status)
+        streams[device] = s
+    return s
+
+
+def _check(status):
+    if status != ACLNN_SUCCESS:
+        msg = A.aclGetRecentErrMsg()
+        # The message already carries the status name and code.
+        raise AclnnError(status, msg.split(": ", 1)[1] if ": " in msg else msg)
+
+
+def _as_array(name, x) -> np.ndarray:
+    if x is None:
+        raise AclnnError(ACLNN_ERR_PARAM_NULLPTR, f"{name} is None")
+    if isinstance(x, aclTensor):
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name}: pass a NumPy array here (aclTensor is for aclnn_iree.aclnn)")
+    try:
+        a = np.asarray(x)
+    except Exception as e:
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} is not an array: {e}") from None
+    if a.dtype == object:
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} is not a numeric array")
+    return a
+
+
+def _host_tensor(dev, array, fmt="ND"):
+    """A device tensor over `array` (no copy on CPU devices when it is aligned and contiguous)."""
+    try:
+        return A._wrap_host(dev, np.ascontiguousarray(array), fmt)
+    except KeyError:
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"dtype {array.dtype} is not supported; "
+                                                  "supported: float16, bfloat16, float32, float64") from None
+
+
+def _mode(name, value, names: dict) -> int:
+    if isinstance(value, str):
+        codes = {v: k for k, v in names.items()}
+        if value not in codes:
+            raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} {value!r} is not one of {list(codes)}")
+        return codes[value]
+    return value
+
+
+def _execute(stream, status, ws_size, executor, run):
+    """Allocates the workspace phase 1 asked for, runs phase 2 and waits for it."""
+    _check(status)
+    workspace = None
+    if ws_size > 0:
+        st, workspace = A.aclrtMalloc(ws_size, stream)
+        _check(st)
+    _check(run(workspace, ws_size, executor, stream))
+    _check(A.aclrtSynchronizeStream(stream))
+
+
+def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, padding_mode=0, align_corners=False,
+                             output_mask=(True, True), *, device: str = "local-task"):
+    """Gradients of grid_sample w.r.t. input and grid (torch.ops.aten.grid_sampler_2d_backward).
+
+    grad_output: (N, C, H_out, W_out); input: (N, C, H_in, W_in); grid:
+    (N, H_out, W_out, 2), last dim (x, y) in [-1, 1] (values outside are
+    padded); all NumPy arrays of one dtype: float16, ml_dtypes.bfloat16,
+    float32 or float64 (half types compute in float32).  interpolation_mode:
+    0/"bilinear", 1/"nearest", 2/"bicubic"; padding_mode: 0/"zeros",
+    1/"border", 2/"reflection"; align_corners as in PyTorch.  output_mask:
+    (compute grad_input, compute grad_grid).
+    Returns (grad_input or None, grad_grid or None), shaped like input and grid.
+    Raises AclnnError (a ValueError) with .status 161001 for a None argument,
+    161002 for an invalid one.  Runs on the IREE device `device`.
+    Semantics: PyTorch 2.13 CPU (shared/SPEC.md part A).
+    """
+    go, x, g = _as_array("grad_output", grad_output), _as_array("input", input), _as_array("grid", grid)
+    if output_mask is None:
+        raise AclnnError(ACLNN_ERR_PARAM_NULLPTR, "output_mask is None")
+    mask = [bool(m) for m in output_mask]
+    interpolation_mode = _mode("interpolation_mode", interpolation_mode, INTERPOLATION_NAMES)
+    padding_mode = _mode("padding_mode", padding_mode, PADDING_NAMES)
+    stream = _stream(device)
+    dev = stream.device
+    dx_host = np.zeros(x.shape, x.dtype) if mask[:1] == [True] else np.zeros((0,) * x.ndim, x.dtype)
+    dg_host = np.zeros(g.shape, g.dtype) if mask[1:2] == [True] else np.zeros((0,) * g.ndim, g.dtype)
+    # Masked-out outputs still need a tensor of the right shape (aclnn requires both); an
+    # unwritten one costs nothing on CPU devices because nothing is copied.
+    dx_t = _host_tensor(dev, dx_host if mask[:1] == [True] else np.empty(x.shape, x.dtype))
+    dg_t = _host_tensor(dev, dg_host if mask[1:2] == [True] else np.empty(g.shape, g.dtype))
+    tensors = [_host_tensor(dev, a) for a in (go, x, g)]
+    status, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
+        *tensors, interpolation_mode, padding_mode, align_corners if isinstance(align_corners, bool) else
+        bool(align_corners) if isinstance(align_corners, (int, np.bool_)) else align_corners,
+        A.aclCreateBoolArray(mask), dx_t, dg_t)
+    _execute(stream, status, ws, ex, A.aclnnGridSampler2DBackward)
+    return (dx_t.numpy() if mask[0] else None, dg_t.numpy() if mask[1] else None)
+
+
+def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners=False, scales_h=None,
+                                 scales_w=None, *, memory_format: str = "NCHW", device: str = "local-task"):
+    """Gradient of bilinear 2-D upsampling (torch.ops.aten.upsample_bilinear2d_backward; aclnn V2).
+
+    grad_output: NCHW (N, C, H_out, W_out), or with memory_format="NHWC"
+    (N, H_out, W_out, C); output_size: (H_out, W_out); input_size: (N, C,
+    H_in, W_in), or (N, H_in, W_in, C) for NHWC; align_corners as in PyTorch;
+    scales_h/scales_w: the forward's scale factors or None (a given scale must
+    satisfy H_out == floor(H_in * scales_h)).  dtypes float16,
+    ml_dtypes.bfloat16, float32, float64.  Returns grad_input shaped
+    input_size, in the same layout.  Raises AclnnError (.status 161001 / 161002).
+    """
+    go = _as_array("grad_output", grad_output)
+    for name, v in (("output_size", output_size), ("input_size", input_size)):
+        if v is None:
+            raise AclnnError(ACLNN_ERR_PARAM_NULLPTR, f"{name} is None")
+    if memory_format not in ("NCHW", "NHWC"):
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"memory_format must be 'NCHW' or 'NHWC', got {memory_format!r}")
+    osz, isz = A.aclCreateIntArray(output_size), A.aclCreateIntArray(input_size)
+    for name, arr in (("output_size", osz), ("input_size", isz)):
+        if arr is None:
+            raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name}: {A.aclGetRecentErrMsg()}")
+    if isz.size == 4 and any(v < 0 for v in isz.values):
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"input_size has a negative entry: {isz.values}")
+    stream = _stream(device)
+    dev = stream.device
+    out_shape = isz.values if isz.size == 4 else (0, 0, 0, 0)
+    out = _host_tensor(dev, np.zeros(out_shape, go.dtype), memory_format)
+    gt = _host_tensor(dev, go, memory_format)
+    status, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
+        gt, osz, isz, align_corners, -1.0 if scales_h is None else scales_h,
+        -1.0 if scales_w is None else scales_w, out)
+    _execute(stream, status, ws, ex, A.aclnnUpsampleBilinear2dBackwardV2)
+    return out.numpy()

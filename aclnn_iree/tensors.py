@@ -1,0 +1,199 @@
+"""Device objects of the aclnn layer: tensors, int/bool arrays, streams and device memory.
+
+Names follow CANN (aclTensor, aclrtStream, aclrtMalloc, ...).  Everything here
+sits on one IREE device (an IREE driver name: local-task, local-sync, vulkan,
+cuda); work on a stream is ordered by one IREE semaphore timeline.
+"""
+from __future__ import annotations
+
+import threading
+
+import iree.runtime as rt
+import ml_dtypes
+import numpy as np
+
+from .runtime.device import Device, get_device
+
+__all__ = ["aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer", "FORMATS",
+           "hal_element_type"]
+
+FORMATS = ("ND", "NCHW", "NHWC")
+
+_HAL_TYPES = {
+    np.dtype(np.float32): rt.HalElementType.FLOAT_32,
+    np.dtype(np.float16): rt.HalElementType.FLOAT_16,
+    np.dtype(np.float64): rt.HalElementType.FLOAT_64,
+    np.dtype(ml_dtypes.bfloat16): rt.HalElementType.BFLOAT_16,
+    np.dtype(np.int8): rt.HalElementType.SINT_8,
+    np.dtype(np.int16): rt.HalElementType.SINT_16,
+    np.dtype(np.int32): rt.HalElementType.SINT_32,
+    np.dtype(np.int64): rt.HalElementType.SINT_64,
+    np.dtype(np.uint8): rt.HalElementType.UINT_8,
+    np.dtype(np.bool_): rt.HalElementType.BOOL_8,
+}
+
+
+def hal_element_type(dtype) -> int:
+    """HAL element type of a NumPy dtype; raises KeyError for dtypes a tensor cannot hold."""
+    return _HAL_TYPES[np.dtype(dtype)]
+
+
+def aligned(array: np.ndarray, alignment: int = 64) -> np.ndarray:
+    """`array` as a C-contiguous array whose data starts on an `alignment`-byte boundary.
+
+    Returns `array` itself when it already is one, else an aligned copy (kernels
+    declare 64-byte aligned bindings, so imported host memory must honour that).
+    """
+    if array.flags.c_contiguous and array.ctypes.data % alignment == 0:
+        return array
+    raw = np.empty(array.nbytes + alignment, np.uint8)
+    start = (-raw.ctypes.data) % alignment
+    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out[...] = array
+    return out
+
+
+def _import_or_upload(device: Device, array: np.ndarray) -> rt.HalBuffer:
+    """A device buffer with `array`'s bytes.
+
+    On the CPU drivers the C-contiguous host array is imported without a copy
+    (the buffer keeps it alive); other devices get a copy.
+    """
+    if array.nbytes == 0:
+        return device.allocate(1)
+    if device.is_host:
+        return device.allocator.import_host_allocation(
+            array, rt.MemoryType.DEVICE_LOCAL | rt.MemoryType.HOST_VISIBLE,
+            rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING)
+    return device.upload(array)
+
+
+class aclTensor:
+    """A dense tensor on a device (aclTensor).
+
+    shape: tuple of ints (the view shape, in the order of `format`: NCHW or
+    NHWC for 4-D image tensors, ND otherwise); dtype: a NumPy dtype;
+    format: "ND", "NCHW" or "NHWC"; nbytes: size in bytes.  `numpy()` reads
+    it back to the host (synchronize the stream that wrote it first).
+    Create with aclCreateTensor; release with aclDestroyTensor.
+    """
+
+    def __init__(self, device: Device, buffer: rt.HalBuffer, shape, dtype, fmt: str, host=None):
+        self.device = device
+        self.buffer = buffer
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.format = fmt
+        self.host = host  # the imported host array (CPU drivers), else None
+        self.destroyed = False
+        self.view = rt.HalBufferView(buffer, list(self.shape), hal_element_type(self.dtype))
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def numpy(self) -> np.ndarray:
+        """A host copy of the contents, shape `self.shape`, dtype `self.dtype`."""
+        if self.destroyed:
+            raise ValueError("aclTensor was destroyed")
+        if self.host is not None:
+            return self.host.reshape(self.shape).copy()
+        if self.size == 0:
+            return np.zeros(self.shape, self.dtype)
+        raw = self.buffer.map().asarray([self.nbytes], np.dtype(np.uint8))
+        return raw.view(self.dtype).reshape(self.shape).copy()
+
+    def __repr__(self):
+        state = " destroyed" if self.destroyed else ""
+        return f"aclTensor(shape={self.shape}, dtype={self.dtype.name}, format={self.format}, device={self.device.name}{state})"
+
+
+class aclIntArray:
+    """A host array of int64 values (aclIntArray): `.values` tuple, `.size` length."""
+
+    def __init__(self, values):
+        self.values = tuple(int(v) for v in values)
+        self.destroyed = False
+
+    @property
+    def size(self) -> int:
+        return len(self.values)
+
+    def __repr__(self):
+        return f"aclIntArray({list(self.values)})"
+
+
+class aclBoolArray:
+    """A host array of bools (aclBoolArray): `.values` tuple, `.size` length."""
+
+    def __init__(self, values):
+        self.values = tuple(bool(v) for v in values)
+        self.destroyed = False
+
+    @property
+    def size(self) -> int:
+        return len(self.values)
+
+    def __repr__(self):
+        return f"aclBoolArray({list(self.values)})"
+
+
+class aclrtStream:
+    """An ordered queue of work on one device (aclrtStream), as one IREE semaphore timeline.
+
+    Each launch waits for the timeline's current value and signals the next,
+    so work on one stream runs in order; `synchronize` waits for the last.
+    Thread-safe: several threads may enqueue on one stream.
+    """
+
+    def __init__(self, device: Device):
+        self.device = device
+        self.semaphore = device.hal.create_semaphore(0)
+        self.value = 0
+        self.destroyed = False
+        self._lock = threading.Lock()
+
+    def next_fences(self):
+        """(wait, signal) fences for the next piece of work; advances the timeline."""
+        with self._lock:
+            v = self.value
+            self.value = v + 1
+        return rt.HalFence.create_at(self.semaphore, v), rt.HalFence.create_at(self.semaphore, v + 1)
+
+    def synchronize(self):
+        """Blocks until all work enqueued so far has finished."""
+        with self._lock:
+            v = self.value
+        rt.HalFence.create_at(self.semaphore, v).wait()
+
+    def __repr__(self):
+        return f"aclrtStream(device={self.device.name}, value={self.value})"
+
+
+class aclrtBuffer:
+    """Device memory from aclrtMalloc: `.size` bytes on `.device` (used as an aclnn workspace)."""
+
+    def __init__(self, device: Device, size: int):
+        self.device = device
+        self.size = int(size)
+        self.buffer = device.allocate(self.size)
+        self.freed = False
+
+    def __repr__(self):
+        return f"aclrtBuffer({self.size} bytes on {self.device.name}{' freed' if self.freed else ''})"
+
+
+def device_of(device) -> Device:
+    """A Device from a driver name, a Device, or a stream; raises for anything else."""
+    if isinstance(device, Device):
+        return device
+    if isinstance(device, aclrtStream):
+        return device.device
+    if isinstance(device, str):
+        return get_device(device)
+    raise TypeError(f"device must be an IREE driver name (e.g. 'local-task') or a stream, got {type(device).__name__}")

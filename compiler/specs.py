@@ -1,0 +1,161 @@
+"""Kernel specialisations: the one place that maps a specialisation to its kernel name.
+
+A specialisation is a frozen dataclass.  It yields the kernel (module) name,
+the names of the functions the module exports, the Jinja template that
+renders it and the template parameters.  Every specialisation parameter is part
+of the kernel name, so two specialisations never share a symbol.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Iterator, Union
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "DTypeInfo", "DTYPES", "GridSamplerSpec", "UpsampleSpec", "Spec",
+    "INTERPOLATION_MODES", "PADDING_MODES", "LAYOUTS", "all_specs", "dtype_info",
+]
+
+INTERPOLATION_MODES = ("bilinear", "nearest", "bicubic")  # aclnn/PyTorch codes 0, 1, 2
+PADDING_MODES = ("zeros", "border", "reflection")  # aclnn/PyTorch codes 0, 1, 2
+LAYOUTS = ("NCHW", "NHWC")
+
+
+@dataclasses.dataclass(frozen=True)
+class DTypeInfo:
+    """How one storage dtype is computed (SPEC part A, decision 4).
+
+    `storage` is the MLIR element type of the tensors, `compute` the type of
+    all arithmetic (f32 for f16/bf16), `accum` the element type dx is
+    accumulated in by the scatter dispatch.
+    """
+
+    name: str
+    short: str
+    numpy: np.dtype
+    storage: str
+    compute: str
+    accum: str
+    compute_inf_hex: str
+
+
+DTYPES = {
+    "float32": DTypeInfo("float32", "f32", np.dtype(np.float32), "f32", "f32", "f32", "7F800000"),
+    "float16": DTypeInfo("float16", "f16", np.dtype(np.float16), "f16", "f32", "f32", "7F800000"),
+    "bfloat16": DTypeInfo("bfloat16", "bf16", np.dtype(ml_dtypes.bfloat16), "bf16", "f32", "f32", "7F800000"),
+    "float64": DTypeInfo("float64", "f64", np.dtype(np.float64), "f64", "f64", "f64", "7FF0000000000000"),
+}
+
+
+def dtype_info(dtype) -> DTypeInfo:
+    """Looks up a dtype given as a name ("float32") or anything `np.dtype` accepts.
+
+    Raises KeyError (listing the supported dtypes) for any other dtype.
+    """
+    name = dtype if isinstance(dtype, str) and dtype in DTYPES else np.dtype(dtype).name
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise KeyError(f"dtype {name} is not supported; supported: {', '.join(DTYPES)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class GridSamplerSpec:
+    """One specialisation of grid_sampler_2d_backward.
+
+    The module exports three functions, one per outputMask that computes
+    something: `<kernel>` (dx and dgrid), `<kernel>_dx` and `<kernel>_dgrid`.
+    """
+
+    interpolation_mode: str
+    padding_mode: str
+    align_corners: bool
+    dtype: str = "float32"
+
+    op = "grid_sampler_2d_backward"
+    template = "grid_sampler_2d_backward.mlir.j2"
+
+    def __post_init__(self):
+        if self.interpolation_mode not in INTERPOLATION_MODES:
+            raise ValueError(f"interpolation_mode {self.interpolation_mode!r} not in {INTERPOLATION_MODES}")
+        if self.padding_mode not in PADDING_MODES:
+            raise ValueError(f"padding_mode {self.padding_mode!r} not in {PADDING_MODES}")
+        dtype_info(self.dtype)
+
+    @property
+    def kernel_name(self) -> str:
+        ac = "ac1" if self.align_corners else "ac0"
+        return f"{self.op}_{self.interpolation_mode}_{self.padding_mode}_{ac}_{DTYPES[self.dtype].short}"
+
+    def function_name(self, output_mask=(True, True)) -> str:
+        """The exported function computing the outputs selected by `output_mask`."""
+        suffix = {(True, True): "", (True, False): "_dx", (False, True): "_dgrid"}[tuple(map(bool, output_mask))]
+        return self.kernel_name + suffix
+
+    @property
+    def function_names(self) -> tuple:
+        return (self.kernel_name, self.kernel_name + "_dx", self.kernel_name + "_dgrid")
+
+    def template_params(self) -> dict:
+        d = DTYPES[self.dtype]
+        return dict(kernel_name=self.kernel_name, mode=self.interpolation_mode, padding=self.padding_mode,
+                    align_corners=self.align_corners, storage_type=d.storage, compute_type=d.compute,
+                    accum_type=d.accum, ct_inf_hex=d.compute_inf_hex)
+
+
+@dataclasses.dataclass(frozen=True)
+class UpsampleSpec:
+    """One specialisation of upsample_bilinear2d_backward (aclnn V2).
+
+    The module exports one function, `<kernel>`.
+    """
+
+    align_corners: bool
+    dtype: str = "float32"
+    layout: str = "NCHW"
+
+    op = "upsample_bilinear2d_backward"
+    template = "upsample_bilinear2d_backward.mlir.j2"
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout {self.layout!r} not in {LAYOUTS}")
+        dtype_info(self.dtype)
+
+    @property
+    def kernel_name(self) -> str:
+        ac = "ac1" if self.align_corners else "ac0"
+        return f"{self.op}_{self.layout.lower()}_{ac}_{DTYPES[self.dtype].short}"
+
+    def function_name(self, output_mask=None) -> str:
+        return self.kernel_name
+
+    @property
+    def function_names(self) -> tuple:
+        return (self.kernel_name,)
+
+    def template_params(self) -> dict:
+        d = DTYPES[self.dtype]
+        return dict(kernel_name=self.kernel_name, align_corners=self.align_corners, layout=self.layout,
+                    storage_type=d.storage, compute_type=d.compute, accum_type=d.accum)
+
+
+Spec = Union[GridSamplerSpec, UpsampleSpec]
+OPS = {GridSamplerSpec.op: GridSamplerSpec, UpsampleSpec.op: UpsampleSpec}
+
+
+def all_specs(ops=None, dtypes=None) -> Iterator[Spec]:
+    """Every specialisation that exists, optionally filtered by op and dtype names."""
+    ops = tuple(ops or OPS)
+    dtypes = tuple(dtypes or DTYPES)
+    for dt in dtypes:
+        dtype_info(dt)
+    if GridSamplerSpec.op in ops:
+        for m, p, ac, dt in itertools.product(INTERPOLATION_MODES, PADDING_MODES, (False, True), dtypes):
+            yield GridSamplerSpec(m, p, ac, dt)
+    if UpsampleSpec.op in ops:
+        for ac, dt, lay in itertools.product((False, True), dtypes, LAYOUTS):
+            yield UpsampleSpec(ac, dt, lay)

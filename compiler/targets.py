@@ -1,0 +1,65 @@
+"""Compile targets: the iree-compile flags of each target device, and the runtime driver that runs it."""
+from __future__ import annotations
+
+import dataclasses
+
+__all__ = ["Target", "TARGETS", "target_for_driver", "get_target"]
+
+# f64 kernels must stay f64: IREE demotes f64 to f32 by default (shared/IREE-NOTES.md).
+_COMMON = ("--iree-input-demote-f64-to-f32=false",)
+
+# Features that gave right answers for f32/f16/bf16/f64 on Mesa's lavapipe (shared/IREE-NOTES.md).
+VULKAN_PORTABLE_FEATURES = (
+    "spirv:v1.3,cap:Shader,cap:Float16,cap:Float64,cap:Int16,cap:Int64,"
+    "cap:StorageBuffer16BitAccess,ext:SPV_KHR_16bit_storage,ext:SPV_KHR_storage_buffer_storage_class"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A compile target: its name (the IREE backend), the driver that runs it, and its flags.
+
+    `arch` names the CPU or GPU the code is compiled for; it is part of the
+    artifact's cache key and recorded in the manifest.
+    """
+
+    name: str
+    driver: str
+    arch: str
+
+    @property
+    def flags(self) -> tuple:
+        if self.name == "llvm-cpu":
+            return ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
+                    f"--iree-llvmcpu-target-cpu={self.arch}") + _COMMON
+        if self.name == "vulkan-spirv":
+            return ("--iree-hal-target-device=vulkan", f"--iree-vulkan-target={self.arch}") + _COMMON
+        if self.name == "cuda":
+            return ("--iree-hal-target-device=cuda", f"--iree-cuda-target={self.arch}") + _COMMON
+        raise ValueError(f"unknown target {self.name!r}")
+
+
+# Default arch per target.  llvm-cpu "host" builds for this machine's CPU.
+TARGETS = {
+    "llvm-cpu": Target("llvm-cpu", "local-task", "host"),
+    "vulkan-spirv": Target("vulkan-spirv", "vulkan", VULKAN_PORTABLE_FEATURES),
+    "cuda": Target("cuda", "cuda", "sm_80"),
+}
+
+_DRIVER_TO_TARGET = {"local-task": "llvm-cpu", "local-sync": "llvm-cpu", "vulkan": "vulkan-spirv", "cuda": "cuda"}
+
+
+def get_target(name: str, arch: str | None = None) -> Target:
+    """The target called `name` ("llvm-cpu", "vulkan-spirv", "cuda"), optionally for another arch."""
+    if name not in TARGETS:
+        raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
+    t = TARGETS[name]
+    return dataclasses.replace(t, arch=arch) if arch else t
+
+
+def target_for_driver(driver: str) -> Target:
+    """The compile target whose modules the IREE runtime driver `driver` runs."""
+    base = driver.split(":", 1)[0]
+    if base not in _DRIVER_TO_TARGET:
+        raise ValueError(f"unknown device {driver!r}; known: {', '.join(_DRIVER_TO_TARGET)}")
+    return TARGETS[_DRIVER_TO_TARGET[base]]

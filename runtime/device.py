@@ -1,0 +1,80 @@
+"""IREE devices, one per driver name, created on first use and shared by all threads."""
+from __future__ import annotations
+
+import threading
+
+import iree.runtime as rt
+import numpy as np
+import ml_dtypes
+
+__all__ = ["Device", "get_device", "DeviceUnavailable", "element_type"]
+
+_ELEMENT_TYPES = {
+    np.dtype(np.float32): rt.HalElementType.FLOAT_32,
+    np.dtype(np.float16): rt.HalElementType.FLOAT_16,
+    np.dtype(np.float64): rt.HalElementType.FLOAT_64,
+    np.dtype(ml_dtypes.bfloat16): rt.HalElementType.BFLOAT_16,
+}
+
+
+def element_type(dtype) -> int:
+    """The HAL element type of a NumPy dtype (float16/32/64 or ml_dtypes.bfloat16)."""
+    return _ELEMENT_TYPES[np.dtype(dtype)]
+
+
+class DeviceUnavailable(RuntimeError):
+    """The IREE driver or a device for it is missing on this machine."""
+
+
+class Device:
+    """One IREE HAL device (`name` is an IREE driver: local-task, local-sync, vulkan, cuda).
+
+    Owns the VM instance and the HAL module that loaded programs link against,
+    and a 1-byte buffer passed as the workspace of kernels that need none.
+    """
+
+    def __init__(self, name: str):
+        self.name = name
+        # CPU drivers run kernels on host memory: host arrays are imported, not copied.
+        self.is_host = name.split(":", 1)[0] in ("local-task", "local-sync")
+        try:
+            self.config = rt.Config(name)
+        except Exception as e:  # IREE raises ValueError/RuntimeError depending on the driver
+            raise DeviceUnavailable(f"IREE device {name!r} is not available: {e}") from e
+        self.hal = self.config.device
+        self.instance = self.config.vm_instance
+        self.hal_module = rt.create_hal_module(self.instance, self.hal)
+        self.allocator = self.hal.allocator
+        self.placeholder = self.allocate(1)
+
+    def allocate(self, nbytes: int) -> rt.HalBuffer:
+        """A device buffer of `nbytes` bytes (at least 1) that the host can map."""
+        return self.allocator.allocate_buffer(
+            memory_type=rt.MemoryType.DEVICE_LOCAL,
+            allowed_usage=rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING,
+            allocation_size=max(int(nbytes), 1))
+
+    def upload(self, array: np.ndarray) -> rt.HalBuffer:
+        """A device buffer holding a copy of the C-contiguous `array`."""
+        if array.nbytes == 0:
+            return self.allocate(1)
+        return self.allocator.allocate_buffer_copy(
+            memory_type=rt.MemoryType.DEVICE_LOCAL,
+            allowed_usage=rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING,
+            device=self.hal, buffer=np.ascontiguousarray(array), element_type=element_type(array.dtype)).get_buffer()
+
+    def __repr__(self):
+        return f"Device({self.name!r})"
+
+
+_devices: dict = {}
+_lock = threading.Lock()
+
+
+def get_device(name: str = "local-task") -> Device:
+    """The shared Device for driver `name`; raises DeviceUnavailable when it cannot be created."""
+    with _lock:
+        dev = _devices.get(name)
+        if dev is None:
+            dev = _devices[name] = Device(name)
+        return dev

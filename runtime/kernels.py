@@ -1,0 +1,92 @@
+"""Loaded kernels: a compiled module on a device, and calls of its exported functions.
+
+Every exported function uses IREE's coarse-fences ABI (asynchronous: wait and
+signal fences after the arguments), takes its outputs as caller storage
+(`iree.abi.output`) and its workspace as a caller-owned `!hal.buffer`
+(`iree.abi.transients`); `<function>_transients_size` returns the workspace
+size in bytes for the same arguments.
+"""
+from __future__ import annotations
+
+import threading
+
+import iree.runtime as rt
+
+from .device import Device
+from .store import load_module_bytes
+
+__all__ = ["Kernel", "LoadedModule", "load_module"]
+
+
+class LoadedModule:
+    """One vmfb loaded into a VM context on one device."""
+
+    def __init__(self, device: Device, spec, vmfb: bytes, target):
+        self.device, self.spec, self.target = device, spec, target
+        self.vm_module = rt.VmModule.copy_buffer(device.instance, vmfb)
+        self.context = rt.VmContext(device.instance, modules=[device.hal_module, self.vm_module])
+        self._kernels = {}
+
+    def kernel(self, function_name: str) -> "Kernel":
+        k = self._kernels.get(function_name)
+        if k is None:
+            k = self._kernels[function_name] = Kernel(self, function_name)
+        return k
+
+
+class Kernel:
+    """An exported function of a loaded module and its `_transients_size` companion."""
+
+    def __init__(self, module: LoadedModule, name: str):
+        self.module, self.name = module, name
+        self.function = module.vm_module.lookup_function(name)
+        if self.function is None:
+            raise LookupError(f"module {module.spec.kernel_name} exports no function {name}")
+        self.size_function = module.vm_module.lookup_function(name + "_transients_size")
+        refl = self.function.reflection
+        const = refl.get("iree.abi.transients.size.constant")
+        self.constant_workspace = int(const) if const is not None else None
+
+    def _args(self, views, workspace, wait, signal):
+        args = rt.VmVariantList(len(views) + 3)
+        for v in views:
+            args.push_ref(v)
+        args.push_ref(workspace)
+        args.push_ref(wait)
+        args.push_ref(signal)
+        return args
+
+    def workspace_size(self, views) -> int:
+        """Bytes of workspace the call with these buffer views needs (from the module itself)."""
+        if self.constant_workspace is not None:
+            return self.constant_workspace
+        dev = self.module.device
+        sem = dev.hal.create_semaphore(0)
+        signal = rt.HalFence.create_at(sem, 1)
+        out = rt.VmVariantList(1)
+        self.module.context.invoke(self.size_function,
+                                   self._args(views, dev.placeholder, rt.HalFence.create_at(sem, 0), signal), out)
+        signal.wait()
+        return int(out.get_variant(0))
+
+    def launch(self, views, workspace: rt.HalBuffer, wait: rt.HalFence, signal: rt.HalFence):
+        """Enqueues the call: starts when `wait` is reached, signals `signal` when done; returns at once."""
+        out = rt.VmVariantList(4)
+        self.module.context.invoke(self.function, self._args(views, workspace, wait, signal), out)
+
+
+_modules: dict = {}
+_lock = threading.Lock()
+
+
+def load_module(device: Device, spec) -> LoadedModule:
+    """The module of `spec` loaded on `device` (resolved through the artifact store once, then cached)."""
+    key = (device.name, spec)
+    with _lock:
+        mod = _modules.get(key)
+    if mod is not None:
+        return mod
+    vmfb, target = load_module_bytes(spec, device.name)
+    mod = LoadedModule(device, spec, vmfb, target)
+    with _lock:
+        return _modules.setdefault(key, mod)

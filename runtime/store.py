@@ -1,0 +1,86 @@
+"""Resolves a specialisation to a compiled module for a device.
+
+Order (README "Where modules come from"):
+1. an artifacts directory given by the caller (`set_artifacts_dir`) or by the
+   environment variable ACLNN_IREE_ARTIFACTS (read when used, not at import);
+2. the project's own `artifacts/` (a source checkout, as `aclnn-iree build` writes it);
+3. compile on first use into the per-user cache directory (platformdirs),
+   unless offline (`set_offline(True)` or ACLNN_IREE_OFFLINE=1), which raises
+   ArtifactMissing naming the artifact instead.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..compiler.build import ArtifactStore
+from ..compiler.targets import target_for_driver
+
+__all__ = ["ArtifactMissing", "load_module_bytes", "set_artifacts_dir", "set_offline", "search_dirs",
+           "cache_dir", "PROJECT_ARTIFACTS"]
+
+PROJECT_ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+
+_explicit_dir = None
+_offline = None
+
+
+class ArtifactMissing(FileNotFoundError):
+    """Offline mode and no valid artifact for a specialisation: names the paths searched."""
+
+
+def set_artifacts_dir(path):
+    """Uses `path` (or, with None, the default order) as the first artifacts directory."""
+    global _explicit_dir
+    _explicit_dir = None if path is None else os.path.abspath(os.fspath(path))
+
+
+def set_offline(flag):
+    """True: never compile at run time; a missing artifact raises ArtifactMissing. None: from the environment."""
+    global _offline
+    _offline = flag
+
+
+def _is_offline() -> bool:
+    if _offline is not None:
+        return bool(_offline)
+    return os.environ.get("ACLNN_IREE_OFFLINE", "") not in ("", "0", "false", "False")
+
+
+def cache_dir() -> str:
+    """Per-user compile cache (platformdirs), or ACLNN_IREE_CACHE when set."""
+    env = os.environ.get("ACLNN_IREE_CACHE")
+    if env:
+        return env
+    import platformdirs
+    return platformdirs.user_cache_dir("aclnn-iree")
+
+
+def search_dirs() -> list:
+    """The artifact directories searched, in order (the compile cache last)."""
+    dirs = []
+    if _explicit_dir:
+        dirs.append(_explicit_dir)
+    env = os.environ.get("ACLNN_IREE_ARTIFACTS")
+    if env:
+        dirs.append(os.path.abspath(env))
+    if PROJECT_ARTIFACTS.is_dir():
+        dirs.append(str(PROJECT_ARTIFACTS))
+    dirs.append(cache_dir())
+    return list(dict.fromkeys(dirs))
+
+
+def load_module_bytes(spec, device_name: str):
+    """(vmfb bytes, target) of `spec` for the device `device_name`, following the order above."""
+    target = target_for_driver(device_name)
+    dirs = search_dirs()
+    for d in dirs:
+        data = ArtifactStore(d).lookup(spec, target)
+        if data is not None:
+            return data, target
+    if _is_offline():
+        paths = [ArtifactStore(d).paths(spec, target)["vmfb"] for d in dirs]
+        raise ArtifactMissing(
+            f"offline mode: no valid artifact for {spec.kernel_name} ({target.name}); looked for "
+            + ", ".join(paths) + ". Run `aclnn-iree build` first.")
+    return ArtifactStore(dirs[-1]).get_or_build(spec, target), target

@@ -1,0 +1,1 @@
+"""Jinja2 templates that emit linalg/HAL MLIR, one template per kernel family."""
