@@ -74,11 +74,14 @@ def load_module_bytes(spec, device_name: str):
     """(vmfb bytes, target) of `spec` for the device `device_name`, following the order above."""
     target = target_for_driver(device_name)
     dirs = search_dirs()
-    for d in dirs:
+    for d in dirs[:-1]:
         data = ArtifactStore(d).lookup(spec, target)
         if data is not None:
             return data, target
     if _is_offline():
+        data = ArtifactStore(dirs[-1]).lookup(spec, target)
+        if data is not None:
+            return data, target
         paths = [ArtifactStore(d).paths(spec, target)["vmfb"] for d in dirs]
         raise ArtifactMissing(
             f"offline mode: no valid artifact for {spec.kernel_name} ({target.name}); looked for "
