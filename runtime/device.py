@@ -33,8 +33,12 @@ class Device:
     and a 1-byte buffer passed as the workspace of kernels that need none.
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, threads: int | None = None):
         self.name = name
+        self.threads = threads
+        if threads is not None:
+            # The task executor reads its worker count when the device is created.
+            rt.flags.parse_flags(f"--task_topology_group_count={int(threads)}")
         # CPU drivers run kernels on host memory: host arrays are imported, not copied.
         self.is_host = name.split(":", 1)[0] in ("local-task", "local-sync")
         try:
@@ -64,7 +68,7 @@ class Device:
             device=self.hal, buffer=np.ascontiguousarray(array), element_type=element_type(array.dtype)).get_buffer()
 
     def __repr__(self):
-        return f"Device({self.name!r})"
+        return f"Device({self.name!r})" if self.threads is None else f"Device({self.name!r}, threads={self.threads})"
 
 
 _devices: dict = {}

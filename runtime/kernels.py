@@ -82,7 +82,7 @@ _lock = threading.Lock()
 
 def load_module(device: Device, spec) -> LoadedModule:
     """The module of `spec` loaded on `device` (resolved through the artifact store once, then cached)."""
-    key = (device.name, spec)
+    key = (device, spec)  # per Device object: two devices of one driver have separate VM instances
     with _lock:
         mod = _modules.get(key)
     if mod is not None:

@@ -1,0 +1,255 @@
+"""`aclnn-iree bench`: our kernels beside PyTorch 2.13, in one run, with ratios.
+
+For each named case (same data, same thread count):
+- phase 2 steady state: device-resident tensors, a repeatable executor and a
+  workspace allocated once; launch + synchronize;
+- the end-to-end Pythonic call (NumPy in, NumPy out);
+- PyTorch's `torch.ops.aten.*_backward` (channels_last for NHWC cases), when
+  torch is installed;
+- both ratios (PyTorch time / ours: > 1 means we are faster), the effective
+  bandwidth (compulsory bytes / phase-2 time, GB/s) and its share of the copy
+  bandwidth measured in the same run, and the workspace in bytes.
+Times are medians of `repeats` runs after a warm-up.  Also: thread scaling
+(1 vs N threads) on the large cases, bitwise run-to-run and cross-thread
+determinism, the host overhead of a tiny call, and compile times.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tempfile
+import time
+
+import numpy as np
+
+from . import aclnn as A
+from .api import grid_sampler_2d_backward, upsample_bilinear2d_backward
+from .runtime.device import Device
+
+__all__ = ["Case", "CASES", "run_bench", "copy_bandwidth", "compulsory_bytes"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A benchmark case. grid: (N, C, H_in, W_in, H_out, W_out); upsample: (N, C, H_in, W_in, H_out, W_out)."""
+
+    name: str
+    op: str  # "grid" or "upsample"
+    shape: tuple
+    mode: int = 0
+    padding: int = 0
+    align_corners: bool = False
+    layout: str = "NCHW"
+    large: bool = False
+
+
+CASES = [
+    Case("gs_bilinear_zeros_8x64x64", "grid", (8, 64, 64, 64, 64, 64), large=True),
+    Case("gs_bilinear_border_ac_4x32x128", "grid", (4, 32, 128, 128, 128, 128), 0, 1, True, large=True),
+    Case("gs_bilinear_reflection_16x3x224", "grid", (16, 3, 224, 224, 224, 224), 0, 2, False, large=True),
+    Case("gs_bilinear_zeros_ac_1x256_32to64", "grid", (1, 256, 32, 32, 64, 64), 0, 0, True),
+    Case("gs_nearest_border_8x64x64", "grid", (8, 64, 64, 64, 64, 64), 1, 1, False),
+    Case("gs_bicubic_zeros_4x16x64", "grid", (4, 16, 64, 64, 64, 64), 2, 0, False),
+    Case("up_x2_8x64_64from128", "upsample", (8, 64, 64, 64, 128, 128), large=True),
+    Case("up_seghead_1x19_128x256from512x1024", "upsample", (1, 19, 128, 256, 512, 1024), large=True),
+    Case("up_channels_ac_4x256_32from64", "upsample", (4, 256, 32, 32, 64, 64), align_corners=True),
+    Case("up_down_2x16_300x400from150x200", "upsample", (2, 16, 300, 400, 150, 200)),
+    Case("up_x2_nhwc_8x64_64from128", "upsample", (8, 64, 64, 64, 128, 128), layout="NHWC"),
+]
+QUICK = {"gs_bilinear_zeros_8x64x64", "gs_bicubic_zeros_4x16x64", "up_x2_8x64_64from128",
+         "up_down_2x16_300x400from150x200", "up_x2_nhwc_8x64_64from128"}
+
+
+def _median_time(fn, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 10) -> float:
+    """Host memory copy bandwidth in GB/s (bytes read + written), one NumPy copy."""
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    t = _median_time(lambda: np.copyto(dst, src), repeats)
+    return 2 * nbytes / t / 1e9
+
+
+def _inputs(case: Case, rng):
+    N, C, H, W, Ho, Wo = case.shape
+    if case.op == "grid":
+        x = rng.standard_normal((N, C, H, W), dtype=np.float32)
+        g = rng.uniform(-1.1, 1.1, (N, Ho, Wo, 2)).astype(np.float32)
+        go = rng.standard_normal((N, C, Ho, Wo), dtype=np.float32)
+        return go, x, g
+    go = rng.standard_normal((N, C, Ho, Wo), dtype=np.float32)
+    return (np.ascontiguousarray(go.transpose(0, 2, 3, 1)),) if case.layout == "NHWC" else (go,)
+
+
+def compulsory_bytes(case: Case) -> int:
+    """Bytes every implementation must move: inputs read once, outputs written once (float32)."""
+    N, C, H, W, Ho, Wo = case.shape
+    if case.op == "grid":
+        return 4 * (N * C * Ho * Wo + 2 * N * C * H * W + 2 * 2 * N * Ho * Wo)
+    return 4 * (N * C * Ho * Wo + N * C * H * W)
+
+
+def _pythonic(case: Case, arrays, device):
+    N, C, H, W, Ho, Wo = case.shape
+    if case.op == "grid":
+        return lambda: grid_sampler_2d_backward(*arrays, case.mode, case.padding, case.align_corners, device=device)
+    size = (N, H, W, C) if case.layout == "NHWC" else (N, C, H, W)
+    return lambda: upsample_bilinear2d_backward(arrays[0], (Ho, Wo), size, case.align_corners,
+                                                memory_format=case.layout, device=device)
+
+
+def _phase2(case: Case, arrays, device):
+    """(run, workspace bytes, outputs): a repeatable executor on device-resident tensors."""
+    N, C, H, W, Ho, Wo = case.shape
+    st, stream = A.aclrtCreateStream(device)
+    if case.op == "grid":
+        go, x, g = (A.aclCreateTensor(a, stream=stream) for a in arrays)
+        outs = [A.aclCreateTensor(shape=x.shape, dtype=np.float32, stream=stream),
+                A.aclCreateTensor(shape=g.shape, dtype=np.float32, stream=stream)]
+        st, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
+            go, x, g, case.mode, case.padding, case.align_corners, A.aclCreateBoolArray([True, True]), *outs)
+        launch = A.aclnnGridSampler2DBackward
+    else:
+        fmt = case.layout
+        size = (N, H, W, C) if fmt == "NHWC" else (N, C, H, W)
+        go = A.aclCreateTensor(arrays[0], fmt, stream=stream)
+        outs = [A.aclCreateTensor(shape=size, dtype=np.float32, format=fmt, stream=stream)]
+        st, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
+            go, A.aclCreateIntArray([Ho, Wo]), A.aclCreateIntArray(size), case.align_corners, 0.0, 0.0, outs[0])
+        launch = A.aclnnUpsampleBilinear2dBackwardV2
+    if st != A.ACLNN_SUCCESS:
+        raise RuntimeError(A.aclGetRecentErrMsg())
+    A.aclSetAclOpExecutorRepeatable(ex)
+    workspace = None
+    if ws > 0:
+        _, workspace = A.aclrtMalloc(ws, stream)
+
+    def run():
+        s = launch(workspace, ws, ex, stream)
+        if s != A.ACLNN_SUCCESS:
+            raise RuntimeError(A.aclGetRecentErrMsg())
+        A.aclrtSynchronizeStream(stream)
+
+    return run, ws, outs
+
+
+def _torch_fn(case: Case, arrays, torch):
+    N, C, H, W, Ho, Wo = case.shape
+    if case.op == "grid":
+        go, x, g = (torch.from_numpy(a) for a in arrays)
+        return lambda: torch.ops.aten.grid_sampler_2d_backward(go, x, g, case.mode, case.padding,
+                                                               case.align_corners, [True, True])
+    go = torch.from_numpy(arrays[0])
+    if case.layout == "NHWC":  # PyTorch's channels_last path: what a speed-minded user runs
+        go = go.permute(0, 3, 1, 2)
+        assert go.is_contiguous(memory_format=torch.channels_last)
+    return lambda: torch.ops.aten.upsample_bilinear2d_backward(go, [Ho, Wo], [N, C, H, W], case.align_corners,
+                                                               None, None)
+
+
+def run_case(case: Case, device, repeats: int, torch=None, rng=None) -> dict:
+    """Times one case; returns a row of the results table."""
+    rng = rng or np.random.default_rng(0)
+    arrays = _inputs(case, rng)
+    run, ws, outs = _phase2(case, arrays, device)
+    t_p2 = _median_time(run, repeats)
+    first = [o.numpy() for o in outs]
+    run()
+    deterministic = all(np.array_equal(a, o.numpy()) for a, o in zip(first, outs))
+    t_e2e = _median_time(_pythonic(case, arrays, device), repeats)
+    row = {"case": case.name, "op": case.op, "layout": case.layout, "workspace_bytes": ws,
+           "phase2_ms": 1e3 * t_p2, "e2e_ms": 1e3 * t_e2e, "bitwise_repeatable": deterministic,
+           "gbps": compulsory_bytes(case) / t_p2 / 1e9}
+    if torch is not None:
+        t_t = _median_time(_torch_fn(case, arrays, torch), repeats)
+        row.update(torch_ms=1e3 * t_t, ratio_phase2=t_t / t_p2, ratio_e2e=t_t / t_e2e)
+    return row, first
+
+
+def compile_times(jobs: int, quick: bool) -> dict:
+    """Seconds to compile all CPU specialisations into an empty store, and one alone (JIT)."""
+    from .compiler.build import ArtifactStore
+    from .compiler.specs import GridSamplerSpec, all_specs
+    from .compiler.targets import TARGETS
+    dtypes = ["float32"] if quick else None
+    with tempfile.TemporaryDirectory() as d:
+        t = time.perf_counter()
+        ArtifactStore(d + "/one").build_one(GridSamplerSpec("bilinear", "zeros", False), TARGETS["llvm-cpu"])
+        one = time.perf_counter() - t
+        res = ArtifactStore(d + "/all").build(list(all_specs(dtypes=dtypes)), [TARGETS["llvm-cpu"]], jobs=jobs,
+                                              progress=False)
+    return {"one_specialisation_s": one, "all_specialisations_s": res.seconds, "count": res.compiled,
+            "dtypes": dtypes or "all", "failed": len(res.failed)}
+
+
+def tiny_overhead(device, repeats: int = 200) -> float:
+    """Microseconds of one Pythonic call on a 1x1x4x4 case (host overhead)."""
+    x = np.ones((1, 1, 4, 4), np.float32)
+    g = np.zeros((1, 4, 4, 2), np.float32)
+    return 1e6 * _median_time(lambda: grid_sampler_2d_backward(x, x, g, device=device), repeats, warmup=10)
+
+
+def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10, json_path=None,
+              compile=True, out=print) -> dict:
+    """Runs the suite and prints the table; returns all results (also written to `json_path`)."""
+    try:
+        import torch
+        torch.set_num_threads(threads)
+    except ImportError:
+        torch = None
+        out("torch is not installed: PyTorch columns are empty (pip install -e '.[test]')")
+    is_cpu = device.startswith("local")
+    dev = Device(device, threads=threads) if is_cpu else device
+    cases = [c for c in CASES if (not quick or c.name in QUICK) and (not ops or c.op in ops)]
+    bw = copy_bandwidth()
+    out(f"device {device}, {threads} threads; NumPy copy bandwidth {bw:.1f} GB/s; medians of {repeats} runs")
+    rows = []
+    hdr = (f"{'case':40s} {'phase2 ms':>9s} {'e2e ms':>8s} {'torch ms':>9s} {'x p2':>6s} {'x e2e':>6s} "
+           f"{'GB/s':>6s} {'%copy':>6s} {'ws B':>9s}")
+    out(hdr)
+    for case in cases:
+        row, _ = run_case(case, dev, repeats, torch)
+        row["share_of_copy"] = row["gbps"] / bw
+        rows.append(row)
+        out(f"{case.name:40s} {row['phase2_ms']:9.2f} {row['e2e_ms']:8.2f} {row.get('torch_ms', float('nan')):9.2f} "
+            f"{row.get('ratio_phase2', float('nan')):6.2f} {row.get('ratio_e2e', float('nan')):6.2f} "
+            f"{row['gbps']:6.2f} {100 * row['share_of_copy']:5.1f}% {row['workspace_bytes']:9d}")
+    result = {"device": device, "threads": threads, "copy_gbps": bw, "cases": rows}
+    if torch is not None and rows:
+        result["geomean_ratio_e2e"] = math.exp(np.mean([math.log(r["ratio_e2e"]) for r in rows]))
+        result["geomean_ratio_phase2"] = math.exp(np.mean([math.log(r["ratio_phase2"]) for r in rows]))
+        out(f"geometric mean speed-up vs PyTorch: end to end {result['geomean_ratio_e2e']:.2f}x, "
+            f"phase 2 {result['geomean_ratio_phase2']:.2f}x")
+    if is_cpu and threads > 1:
+        one = Device(device, threads=1)
+        scaling = []
+        for case in [c for c in cases if c.large]:
+            r1, out1 = run_case(case, one, max(3, repeats // 2))
+            rn, outn = run_case(case, dev, max(3, repeats // 2))
+            same = all(np.array_equal(a, b) for a, b in zip(out1, outn))
+            scaling.append({"case": case.name, "speedup": r1["phase2_ms"] / rn["phase2_ms"], "same_bits": same})
+            out(f"threads 1 -> {threads}: {case.name:40s} {r1['phase2_ms'] / rn['phase2_ms']:.2f}x, "
+                f"bitwise identical across thread counts: {same}")
+        result["thread_scaling"] = scaling
+    result["tiny_call_us"] = tiny_overhead(dev)
+    out(f"host overhead, Pythonic call on 1x1x4x4: {result['tiny_call_us']:.0f} us")
+    if compile:
+        ct = compile_times(jobs=threads, quick=quick)
+        result["compile"] = ct
+        out(f"compile: one specialisation {ct['one_specialisation_s']:.2f} s; all {ct['count']} CPU "
+            f"specialisations ({ct['dtypes']}) {ct['all_specialisations_s']:.1f} s on {threads} jobs")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=1)
+        out(f"results written to {json_path}")
+    return result
