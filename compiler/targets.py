@@ -33,6 +33,8 @@ class Target:
             return ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=llvm-cpu",
                     f"--iree-llvmcpu-target-cpu={self.arch}") + _COMMON
         if self.name == "vulkan-spirv":
+            if self.arch.startswith("spirv:"):  # a feature string (the portable profile)
+                return ("--iree-hal-target-device=vulkan", f"--iree-vulkan-target-features={self.arch}") + _COMMON
             return ("--iree-hal-target-device=vulkan", f"--iree-vulkan-target={self.arch}") + _COMMON
         if self.name == "cuda":
             return ("--iree-hal-target-device=cuda", f"--iree-cuda-target={self.arch}") + _COMMON
