@@ -12,7 +12,7 @@ import numpy as np
 
 from . import aclnn as A
 from .errors import ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_PARAM_NULLPTR, ACLNN_SUCCESS, AclnnError
-from .tensors import aclTensor
+from .tensors import aclTensor, empty_aligned
 from .validation import INTERPOLATION_NAMES, PADDING_NAMES
 
 __all__ = ["grid_sampler_2d_backward", "upsample_bilinear2d_backward"]
@@ -63,6 +63,15 @@ def _host_tensor(dev, array, fmt="ND"):
                                                   "supported: float16, bfloat16, float32, float64") from None
 
 
+def _output_tensor(dev, shape, dtype, fmt="ND"):
+    """An uninitialised output tensor (imported host memory on CPU devices)."""
+    try:
+        return A._wrap_host(dev, empty_aligned(shape, dtype), fmt)
+    except KeyError:
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"dtype {np.dtype(dtype)} is not supported; "
+                                                  "supported: float16, bfloat16, float32, float64") from None
+
+
 def _mode(name, value, names: dict) -> int:
     if isinstance(value, str):
         codes = {v: k for k, v in names.items()}
@@ -107,19 +116,18 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     padding_mode = _mode("padding_mode", padding_mode, PADDING_NAMES)
     stream = _stream(device)
     dev = stream.device
-    dx_host = np.zeros(x.shape, x.dtype) if mask[:1] == [True] else np.zeros((0,) * x.ndim, x.dtype)
-    dg_host = np.zeros(g.shape, g.dtype) if mask[1:2] == [True] else np.zeros((0,) * g.ndim, g.dtype)
-    # Masked-out outputs still need a tensor of the right shape (aclnn requires both); an
-    # unwritten one costs nothing on CPU devices because nothing is copied.
-    dx_t = _host_tensor(dev, dx_host if mask[:1] == [True] else np.empty(x.shape, x.dtype))
-    dg_t = _host_tensor(dev, dg_host if mask[1:2] == [True] else np.empty(g.shape, g.dtype))
+    # The kernels write every element of a requested output (and the empty-input path
+    # zero-fills it), so outputs start uninitialised.  A masked-out output still needs a
+    # tensor of the right shape (aclnn requires both); on CPU devices it is never touched.
+    dx_t = _output_tensor(dev, x.shape, x.dtype)
+    dg_t = _output_tensor(dev, g.shape, g.dtype)
     tensors = [_host_tensor(dev, a) for a in (go, x, g)]
     status, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
         *tensors, interpolation_mode, padding_mode, align_corners if isinstance(align_corners, bool) else
         bool(align_corners) if isinstance(align_corners, (int, np.bool_)) else align_corners,
         A.aclCreateBoolArray(mask), dx_t, dg_t)
     _execute(stream, status, ws, ex, A.aclnnGridSampler2DBackward)
-    return (dx_t.numpy() if mask[0] else None, dg_t.numpy() if mask[1] else None)
+    return (dx_t.result() if mask[0] else None, dg_t.result() if mask[1] else None)
 
 
 def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners=False, scales_h=None,
@@ -149,10 +157,10 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
     stream = _stream(device)
     dev = stream.device
     out_shape = isz.values if isz.size == 4 else (0, 0, 0, 0)
-    out = _host_tensor(dev, np.zeros(out_shape, go.dtype), memory_format)
+    out = _output_tensor(dev, out_shape, go.dtype, memory_format)
     gt = _host_tensor(dev, go, memory_format)
     status, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
         gt, osz, isz, align_corners, -1.0 if scales_h is None else scales_h,
         -1.0 if scales_w is None else scales_w, out)
     _execute(stream, status, ws, ex, A.aclnnUpsampleBilinear2dBackwardV2)
-    return out.numpy()
+    return out.result()

@@ -46,11 +46,18 @@ def aligned(array: np.ndarray, alignment: int = 64) -> np.ndarray:
     """
     if array.flags.c_contiguous and array.ctypes.data % alignment == 0:
         return array
-    raw = np.empty(array.nbytes + alignment, np.uint8)
-    start = (-raw.ctypes.data) % alignment
-    out = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    out = empty_aligned(array.shape, array.dtype, alignment)
     out[...] = array
     return out
+
+
+def empty_aligned(shape, dtype, alignment: int = 64) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on an `alignment`-byte boundary."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + alignment, np.uint8)
+    start = (-raw.ctypes.data) % alignment
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
 def _import_or_upload(device: Device, array: np.ndarray) -> rt.HalBuffer:
@@ -96,6 +103,13 @@ class aclTensor:
     @property
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
+
+    def result(self) -> np.ndarray:
+        """The contents as an array without a copy when the tensor lives in host memory
+        (CPU devices); for the Pythonic layer, which drops the tensor right after."""
+        if self.host is not None and not self.destroyed:
+            return self.host.reshape(self.shape)
+        return self.numpy()
 
     def numpy(self) -> np.ndarray:
         """A host copy of the contents, shape `self.shape`, dtype `self.dtype`."""
