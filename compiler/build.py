@@ -18,7 +18,9 @@ import dataclasses
 import hashlib
 import json
 import os
+import platform
 import shlex
+import subprocess
 import tempfile
 import threading
 import time
@@ -27,7 +29,7 @@ import warnings
 from .compile import compile_mlir, compiler_version
 from .render import render, template_source
 
-__all__ = ["ArtifactStore", "artifact_key", "BuildResult"]
+__all__ = ["ArtifactStore", "artifact_key", "BuildResult", "host_cpu", "compiler_build", "parse_declaration"]
 
 MANIFEST = "manifest.json"
 
@@ -36,15 +38,77 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+_host_cpu_cache = None
+
+
+def host_cpu() -> dict:
+    """This machine's CPU as `--iree-llvmcpu-target-cpu=host` sees it: machine, model, features.
+
+    The features are those `iree-cpuinfo` (iree-base-runtime) reports as present,
+    or the /proc/cpuinfo flags where that tool is missing.  An artifact built
+    for "host" is only valid on a CPU with this fingerprint.
+    """
+    global _host_cpu_cache
+    if _host_cpu_cache is None:
+        info = {"machine": platform.machine(), "model": platform.processor() or "", "features": []}
+        cpuinfo = {}
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    k, _, v = line.partition(":")
+                    cpuinfo.setdefault(k.strip(), v.strip())
+        except OSError:
+            pass
+        info["model"] = cpuinfo.get("model name", info["model"])
+        try:
+            import iree._runtime_libs as libs
+            tool = os.path.join(os.path.dirname(libs.__file__), "iree-cpuinfo")
+            out = subprocess.run([tool], capture_output=True, text=True, timeout=30, check=True).stdout
+            info["features"] = sorted(p[0] for p in (ln.split() for ln in out.splitlines())
+                                      if len(p) == 2 and p[1] == "1")
+            info["features_from"] = "iree-cpuinfo"
+        except Exception:
+            info["features"] = sorted(cpuinfo.get("flags", "").split())
+            info["features_from"] = "/proc/cpuinfo"
+        _host_cpu_cache = info
+    return _host_cpu_cache
+
+
 def artifact_key(spec, target) -> str:
-    """Cache key of `spec` compiled for `target`: template text, parameters, flags, compiler version."""
-    payload = json.dumps({
+    """Cache key of `spec` compiled for `target`: template text, parameters, flags, compiler version.
+
+    For the "host" CPU the key also holds the host's CPU fingerprint (host_cpu()):
+    a store copied to another machine is then rebuilt instead of loading code for
+    instructions that CPU may lack.
+    """
+    fields = {
         "template": template_source(spec),
         "params": spec.template_params(),
         "flags": list(target.flags),
         "compiler": compiler_version(),
-    }, sort_keys=True)
-    return _sha256(payload.encode())
+    }
+    if target.name == "llvm-cpu" and target.arch == "host":
+        h = host_cpu()
+        fields["host_cpu"] = [h["machine"], h["model"], h["features"]]
+    return _sha256(json.dumps(fields, sort_keys=True).encode())
+
+
+_compiler_build_cache = None
+
+
+def compiler_build() -> str:
+    """The first lines of `iree-compile --version` (exact IREE and LLVM revisions), or "" when unavailable."""
+    global _compiler_build_cache
+    if _compiler_build_cache is None:
+        try:
+            from iree.compiler.tools.binaries import find_tool
+            out = subprocess.run([find_tool("iree-compile"), "--version"], capture_output=True, text=True,
+                                 timeout=60).stdout
+            _compiler_build_cache = "; ".join(ln.strip() for ln in out.splitlines()
+                                              if ln.strip() and "iree.dev" not in ln)
+        except Exception:
+            _compiler_build_cache = ""
+    return _compiler_build_cache
 
 
 def _atomic_write(path: str, data: bytes):
@@ -62,18 +126,108 @@ def _atomic_write(path: str, data: bytes):
         raise
 
 
+def _split_top(text: str, sep: str = ",") -> list:
+    """Splits `text` at `sep` outside (), <>, {} and [] (for MLIR argument lists)."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "(<{[":
+            depth += 1
+        elif ch in ")>}]":
+            depth -= 1
+        if ch == sep and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        parts.append("".join(cur).strip())
+    return parts
+
+
+def _parse_values(text: str) -> list:
+    """`%a: T {attrs}, ...` -> [{"name", "type", "attributes"}] (attributes "" when none)."""
+    out = []
+    for item in _split_top(text):
+        name, _, rest = item.partition(":")
+        rest = rest.strip()
+        attrs = ""
+        if rest.endswith("}") and "{" in rest:
+            i = rest.index("{")
+            rest, attrs = rest[:i].strip(), rest[i:]
+        out.append({"name": name.strip(), "type": rest, "attributes": attrs})
+    return out
+
+
+def parse_declaration(decl: str) -> tuple:
+    """(arguments, results) of an `iree.abi.declaration` string, as lists of {"name", "type", "attributes"}."""
+    i = decl.index("(")
+    depth = 0
+    for j in range(i, len(decl)):
+        depth += decl[j] == "("
+        depth -= decl[j] == ")"
+        if depth == 0:
+            break
+    args = _parse_values(decl[i + 1:j])
+    rest = decl[j + 1:].strip()
+    results = []
+    if rest.startswith("->"):
+        rest = rest[2:].strip()
+        if rest.startswith("(") and rest.endswith(")"):
+            rest = rest[1:-1]
+        results = _parse_values(rest)
+    return args, results
+
+
+_FENCES = ["!hal.fence {coarse-fences wait}", "!hal.fence {coarse-fences signal}"]
+
+
 def _signatures(vmfb: bytes, names) -> dict:
     """Exported function name -> its ABI declaration, read from the module's reflection."""
+    return _module_exports(vmfb, names)[0]
+
+
+def _module_exports(vmfb: bytes, names) -> tuple:
+    """(functions, exports) of a module, read from its reflection.
+
+    functions: exported name -> declaration string (the companion
+    `_transients_size` functions carry no reflection; their declaration is
+    derived from their entry's).  exports: exported name -> {"abi_model",
+    "arguments", "results", "transients_size_function",
+    "transients_size_constant"} or, for a companion, {"companion_of",
+    "arguments", "results"}; arguments and results are "type {attributes}"
+    strings, the arguments being the ones a caller passes at the VM level (with
+    the two coarse-fences fences last).
+    """
     import iree.runtime as rt
     inst = rt.VmInstance()
     mod = rt.VmModule.copy_buffer(inst, vmfb)
-    out = {}
+    functions, exports = {}, {}
+
+    def fmt(values):
+        return [v["type"] + (f" {v['attributes']}" if v["attributes"] else "") for v in values]
+
     for n in names:
-        for fname in (n, n + "_transients_size"):
-            f = mod.lookup_function(fname)
-            if f is not None:
-                out[fname] = f.reflection.get("iree.abi.declaration", str(f))
-    return out
+        f = mod.lookup_function(n)
+        if f is None:
+            continue
+        refl = dict(f.reflection)
+        decl = refl.get("iree.abi.declaration", "")
+        model = refl.get("iree.abi.model", "")
+        try:
+            args, results = parse_declaration(decl) if decl else ([], [])
+        except ValueError:
+            args, results = [], []
+        vm_args = fmt(args) + (_FENCES if model == "coarse-fences" else [])
+        functions[n] = decl or str(f)
+        exports[n] = {"abi_model": model, "arguments": vm_args, "results": fmt(results),
+                      "transients_size_function": refl.get("iree.abi.transients.size"),
+                      "transients_size_constant": refl.get("iree.abi.transients.size.constant")}
+        size_name = refl.get("iree.abi.transients.size") or n + "_transients_size"
+        if mod.lookup_function(size_name) is not None:
+            sig = ", ".join(f"%arg{i}: {a}" for i, a in enumerate(vm_args))
+            functions[size_name] = f"func @{size_name}({sig}) -> i64  (workspace bytes of @{n})"
+            exports[size_name] = {"companion_of": n, "arguments": vm_args, "results": ["i64"]}
+    return functions, exports
 
 
 @dataclasses.dataclass
@@ -131,7 +285,7 @@ class ArtifactStore:
             return None
         problem = None
         if entry.get("key") != artifact_key(spec, target):
-            problem = "stale (template, parameters, flags or compiler version changed)"
+            problem = "stale (template, parameters, flags, compiler version or host CPU changed)"
         else:
             with open(path, "rb") as f:
                 data = f.read()
@@ -143,6 +297,19 @@ class ArtifactStore:
             return None
         return data
 
+    def status(self, spec, target) -> str:
+        """"ok", "missing", "stale" or "corrupt": what lookup() would find, without warning or loading."""
+        entry = self.manifest()["artifacts"].get(self.artifact_id(spec, target))
+        path = self.paths(spec, target)["vmfb"]
+        if entry is None or not os.path.exists(path):
+            return "missing"
+        if entry.get("key") != artifact_key(spec, target):
+            return "stale"
+        with open(path, "rb") as f:
+            if _sha256(f.read()) != entry.get("vmfb_sha256"):
+                return "corrupt"
+        return "ok"
+
     # -- build -----------------------------------------------------------------
     def build_one(self, spec, target) -> tuple:
         """Compiles `spec` for `target` into the store; returns (vmfb bytes, manifest entry).
@@ -151,27 +318,43 @@ class ArtifactStore:
         """
         source = render(spec)
         p = self.paths(spec, target)
+        t0 = time.perf_counter()
         vmfb, cmd = compile_mlir(source, target.flags, spec.kernel_name)
+        compile_seconds = time.perf_counter() - t0
         cmd = [cmd[0], *target.flags, p["mlir"], "-o", p["vmfb"]]  # as it would be run in the store
         _atomic_write(p["mlir"], source.encode())
         _atomic_write(p["cmd"], (shlex.join(cmd) + "\n").encode())
         _atomic_write(p["vmfb"], vmfb)
+        functions, exports = _module_exports(vmfb, spec.function_names)
+        tsrc = template_source(spec)
         entry = {
             "op": spec.op,
             "kernel_name": spec.kernel_name,
             "specialisation": {k: v for k, v in dataclasses.asdict(spec).items()},
-            "functions": _signatures(vmfb, spec.function_names),
+            "template": spec.template,
+            "template_sha256": _sha256(tsrc.encode()),
+            "template_params": spec.template_params(),
+            "functions": functions,
+            "exports": exports,
             "target": target.name,
             "target_arch": target.arch,
             "driver": target.driver,
             "flags": list(target.flags),
             "command": cmd,
             "compiler_version": compiler_version(),
+            "compiler_build": compiler_build(),
             "key": artifact_key(spec, target),
             "source_sha256": _sha256(source.encode()),
             "vmfb_sha256": _sha256(vmfb),
             "vmfb_bytes": len(vmfb),
+            "files": {k: os.path.relpath(v, self.root) for k, v in p.items()},
+            "compile_seconds": round(compile_seconds, 3),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+        if target.name == "llvm-cpu":
+            entry["target_cpu"] = target.arch
+            if target.arch == "host":
+                entry["host_cpu"] = host_cpu()
         self._update_manifest({self.artifact_id(spec, target): entry})
         return vmfb, entry
 
@@ -208,6 +391,8 @@ class ArtifactStore:
                 return None
             except CompileError as e:
                 return (s.kernel_name, t.name, f"command: {shlex.join(e.command)}\n{e.stderr.strip()}")
+            except Exception as e:  # a template that does not render, an unreadable module: report, go on
+                return (s.kernel_name, t.name, f"{type(e).__name__}: {e}")
 
         bar = None
         if progress and todo:

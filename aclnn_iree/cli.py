@@ -1,0 +1,188 @@
+"""`aclnn-iree` (also `python -m aclnn_iree`): build the kernels ahead of time, list them, run the demo.
+
+    aclnn-iree build [--target llvm-cpu ...] [--op OP ...] [--dtype float32 ...] [--kernel GLOB ...]
+                     [--jobs N] [--out DIR] [--target-cpu CPU]
+    aclnn-iree list  [--dir DIR] [--target ...] [--op ...] [--dtype ...] [--target-cpu CPU] [-v]
+    aclnn-iree demo  [--out DIR] [--quick]
+
+`build` renders and compiles every specialisation of the chosen ops and dtypes
+for the chosen targets into an artifact store (default: the project's
+`artifacts/`, the second place the runtime looks for modules), one vmfb per
+specialisation and target, `--jobs` compiles at a time.  Valid artifacts are
+reused; a failed compile is reported (specialisation, command, compiler
+message) and the others go on; the exit status is 1 when anything failed.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import sys
+import warnings
+
+__all__ = ["main", "build_parser"]
+
+_MAX_MESSAGE_LINES = 200
+
+
+def _specs(ops, dtypes, kernels):
+    from .compiler.specs import all_specs
+    specs = list(all_specs(ops, dtypes))
+    if kernels:
+        specs = [s for s in specs if any(fnmatch.fnmatchcase(s.kernel_name, k) for k in kernels)]
+    return specs
+
+
+def _targets(names, target_cpu):
+    from .compiler.targets import get_target
+    names = list(dict.fromkeys(names))
+    return [get_target(n, target_cpu if (target_cpu and n == "llvm-cpu") else None) for n in names]
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _default_dir() -> str:
+    from .runtime.store import PROJECT_ARTIFACTS
+    return str(PROJECT_ARTIFACTS)
+
+
+def _cmd_build(args) -> int:
+    from .compiler.build import ArtifactStore
+    specs = _specs(args.op, args.dtype, args.kernel)
+    if not specs:
+        print("error: no specialisation matches the given --op/--dtype/--kernel", file=sys.stderr)
+        return 2
+    targets = _targets(args.target or ["llvm-cpu"], args.target_cpu)
+    if args.target_cpu and not any(t.name == "llvm-cpu" for t in targets):
+        print("warning: --target-cpu only applies to the llvm-cpu target", file=sys.stderr)
+    out = os.path.abspath(args.out or _default_dir())
+    store = ArtifactStore(out)
+    total = len(specs) * len(targets)
+    tnames = ", ".join(t.name + (f" ({t.arch})" if t.name == "llvm-cpu" else "") for t in targets)
+    print(f"building {len(specs)} specialisation(s) x {len(targets)} target(s) [{tnames}] into {out}",
+          flush=True)
+    by_name = {s.kernel_name: s for s in specs}
+    res = store.build(specs, targets, jobs=args.jobs, progress=not args.no_progress)
+    for kernel, target, message in res.failed:
+        print(f"\nFAILED {target}/{kernel}", file=sys.stderr)
+        print(f"  specialisation: {by_name.get(kernel, kernel)!r}", file=sys.stderr)
+        lines = message.rstrip().splitlines()
+        if len(lines) > _MAX_MESSAGE_LINES:
+            lines = lines[:_MAX_MESSAGE_LINES] + [f"... ({len(lines) - _MAX_MESSAGE_LINES} more lines)"]
+        for ln in lines:
+            print("  " + ln, file=sys.stderr)
+    print(f"\nsummary: compiled {res.compiled}, reused {res.reused}, failed {len(res.failed)} "
+          f"of {total} in {res.seconds:.1f} s")
+    if res.compiled == 0 and not res.failed:
+        print(f"nothing to compile: all {total} artifact(s) are up to date in {out}")
+    if res.failed:
+        print(f"{len(res.failed)} specialisation(s) failed to compile (see above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_list(args) -> int:
+    from .compiler.build import ArtifactStore
+    from .compiler.targets import TARGETS
+    d = os.path.abspath(args.dir or _default_dir())
+    specs = _specs(args.op, args.dtype, args.kernel)
+    targets = _targets(args.target or list(TARGETS), args.target_cpu)
+    store = ArtifactStore(d)
+    manifest = store.manifest()["artifacts"]
+    print(f"artifacts in {d}" + ("" if os.path.isdir(d) else " (directory does not exist)"))
+    total_ok = 0
+    for t in targets:
+        groups = {"ok": [], "missing": [], "stale": [], "corrupt": []}
+        for s in specs:
+            groups[store.status(s, t)].append(s)
+        ok = groups["ok"]
+        total_ok += len(ok)
+        arch = f" [{t.arch}]" if t.name in ("llvm-cpu", "cuda") else ""
+        problems = [f"{len(groups[k])} {k}" for k in ("stale", "corrupt") if groups[k]]
+        missing = len(specs) - len(ok)
+        print(f"\n{t.name}{arch}: {len(ok)}/{len(specs)} built, {missing} missing"
+              + (f" (of which {', '.join(problems)})" if problems else ""))
+        if ok:
+            sizes = [manifest.get(store.artifact_id(s, t), {}).get("vmfb_bytes", 0) for s in ok]
+            print(f"  built: {len(ok)} module(s), {sum(sizes) / 1024:.0f} KiB "
+                  f"(smallest {min(sizes) / 1024:.0f} KiB, largest {max(sizes) / 1024:.0f} KiB)")
+            if args.verbose:
+                for s in ok:
+                    print(f"    {s.kernel_name}")
+        if missing and not ok and not problems and not args.verbose:
+            print(f"  nothing built for this target (run `aclnn-iree build --target {t.name}`; -v lists the names)")
+            continue
+        for kind in ("missing", "stale", "corrupt"):
+            for s in groups[kind]:
+                print(f"  {kind}: {s.kernel_name}")
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    from .demo import run_demo
+    run_demo(args.out or "demo_output", quick=args.quick)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .compiler.specs import DTYPES, OPS
+    from .compiler.targets import TARGETS
+
+    p = argparse.ArgumentParser(
+        prog="aclnn-iree",
+        description="aclnnGridSampler2DBackward / aclnnUpsampleBilinear2dBackwardV2 kernels compiled by IREE.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    def selection(sp, target_default):
+        sp.add_argument("--target", action="append", choices=list(TARGETS),
+                        help=f"compile target (repeatable; default: {target_default})")
+        sp.add_argument("--op", action="append", choices=list(OPS), help="operator (repeatable; default: all)")
+        sp.add_argument("--dtype", action="append", choices=list(DTYPES), help="dtype (repeatable; default: all)")
+        sp.add_argument("--kernel", action="append", metavar="GLOB",
+                        help="only kernels whose name matches this shell pattern (repeatable), "
+                             "e.g. '*bilinear_zeros*'")
+        sp.add_argument("--target-cpu", metavar="CPU",
+                        help="llvm-cpu: the CPU to compile for (default 'host', this machine's CPU; name one, "
+                             "e.g. x86-64-v3, for portable modules; the runtime uses the default target's "
+                             "artifacts, so non-default ones are for embedding elsewhere)")
+
+    b = sub.add_parser("build", help="compile every specialisation ahead of time (default target llvm-cpu)",
+                       description="Render and compile every specialisation for the chosen targets.")
+    selection(b, "llvm-cpu")
+    b.add_argument("--jobs", "-j", type=int, default=None, help="parallel compiles (default: CPU count)")
+    b.add_argument("--out", metavar="DIR", help="artifact directory (default: the project's artifacts/)")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.set_defaults(func=_cmd_build)
+
+    ls = sub.add_parser("list", help="show what is built, for which targets, and what is missing")
+    selection(ls, "all")
+    ls.add_argument("--dir", metavar="DIR", help="artifact directory (default: the project's artifacts/)")
+    ls.add_argument("--verbose", "-v", action="store_true", help="list every kernel name")
+    ls.set_defaults(func=_cmd_list)
+
+    d = sub.add_parser("demo", help="image registration and a learned low-resolution image on a real photo")
+    d.add_argument("--out", metavar="DIR", help="output directory for the PNG files (default: demo_output/)")
+    d.add_argument("--quick", action="store_true", help="smaller image, fewer iterations")
+    d.set_defaults(func=_cmd_demo)
+    return p
+
+
+def main(argv=None) -> int:
+    """Entry point of the `aclnn-iree` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    if getattr(args, "jobs", None) is not None and args.jobs < 1:
+        print("error: --jobs must be at least 1", file=sys.stderr)
+        return 2
+    old = warnings.showwarning
+    warnings.showwarning = _show_warning
+    try:
+        return args.func(args)
+    finally:
+        warnings.showwarning = old
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""Our vmfb files run in any app with an IREE runtime: here the `iree-run-module` tool of iree-base-runtime.
+
+The exported functions use the coarse-fences ABI, take their outputs as
+caller storage (`iree.abi.output`) and a `!hal.buffer` workspace
+(`iree.abi.transients`).  What iree-run-module does with that (measured with
+iree-base-runtime 3.13):
+
+* it reads the function's `iree.abi.model = "coarse-fences"` reflection and
+  appends the wait and signal fences itself;
+* an output-storage argument (a tensor, i.e. a buffer view) is an ordinary
+  `--input` of the output's shape and type, e.g. `--input=@zeros.npy`;
+* the `!hal.buffer` workspace is `--input=&<bytes>xi8`: the `&` prefix makes
+  the tool pass a bare !hal.buffer of that size instead of a buffer view
+  (`&` on a tensor argument fails with "ref type mismatch ... hal.buffer_view.buffer").
+  Its size must be at least the workspace size, which the manifest records as
+  `transients_size_constant` when it does not depend on the shapes;
+* the `<function>_transients_size` companions carry no reflection, so the tool
+  does not add their fences and cannot call them ("input list and function
+  mismatch; expected 8 arguments but passed 6"): a host that needs a
+  shape-dependent workspace size must call them through the runtime API.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aclnn_iree
+from aclnn_iree import reference as R
+from aclnn_iree.compiler import GridSamplerSpec, UpsampleSpec, get_target
+from aclnn_iree.compiler.build import ArtifactStore
+from aclnn_iree.runtime import kernels, store
+
+REPO = Path(__file__).resolve().parent.parent
+HAVE_UPSAMPLE = (REPO / "templates" / UpsampleSpec.template).is_file()
+TARGET = get_target("llvm-cpu")
+
+
+def _iree_run_module():
+    try:
+        import iree._runtime_libs as libs
+        p = Path(libs.__file__).parent / "iree-run-module"
+        if p.exists():
+            return str(p)
+    except ImportError:
+        pass
+    return shutil.which("iree-run-module", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                                  os.environ.get("PATH", "")]))
+
+
+TOOL = _iree_run_module()
+pytestmark = pytest.mark.skipif(TOOL is None, reason="iree-run-module (iree-base-runtime) not found")
+
+
+def _run(vmfb, function, inputs, outputs, cwd):
+    cmd = [TOOL, f"--module={vmfb}", "--device=local-task", f"--function={function}",
+           *[f"--input={i}" for i in inputs], *[f"--output=@{o}" for o in outputs]]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=300)
+    assert p.returncode == 0, f"{' '.join(cmd)}\n{p.stdout}\n{p.stderr}"
+    return [np.load(Path(cwd) / o) for o in outputs]
+
+
+def _api_result(store_dir, fn):
+    """fn() run by the Python API on the artifacts of `store_dir` (global state restored afterwards)."""
+    saved = dict(kernels._modules)
+    kernels._modules.clear()
+    store.set_artifacts_dir(store_dir)
+    try:
+        return fn()
+    finally:
+        store.set_artifacts_dir(None)
+        kernels._modules.clear()
+        kernels._modules.update(saved)
+
+
+def _workspace_arg(entry, function):
+    size = entry["exports"][function]["transients_size_constant"]
+    assert size is not None, "the workspace size depends on the shapes; iree-run-module cannot query it"
+    return f"&{max(int(size), 1)}xi8"
+
+
+@pytest.mark.parametrize("function_suffix", ["", "_dgrid"])
+def test_grid_sampler_runs_in_iree_run_module(tmp_path, function_suffix):
+    spec = GridSamplerSpec("bilinear", "border", False, "float32")
+    st = ArtifactStore(tmp_path / "artifacts")
+    _, entry = st.build_one(spec, TARGET)
+    vmfb = st.paths(spec, TARGET)["vmfb"]
+    rng = np.random.default_rng(0)
+    N, C, H, W, Ho, Wo = 2, 3, 9, 11, 6, 7
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    grid = rng.uniform(-1.1, 1.1, (N, Ho, Wo, 2)).astype(np.float32)
+    go = rng.standard_normal((N, C, Ho, Wo)).astype(np.float32)
+    for name, a in (("go", go), ("x", x), ("grid", grid), ("dx0", np.zeros_like(x)), ("dg0", np.zeros_like(grid))):
+        np.save(tmp_path / f"{name}.npy", a)
+    function = spec.kernel_name + function_suffix
+    storage = ["@dx0.npy", "@dg0.npy"] if function_suffix == "" else ["@dg0.npy"]
+    outs = ["dx.npy", "dg.npy"] if function_suffix == "" else ["dg.npy"]
+    got = _run(vmfb, function, ["@go.npy", "@x.npy", "@grid.npy", *storage, _workspace_arg(entry, function)],
+               outs, tmp_path)
+    mask = (True, True) if function_suffix == "" else (False, True)
+    dx, dg = _api_result(st.root, lambda: aclnn_iree.grid_sampler_2d_backward(go, x, grid, 0, 1, False, mask))
+    ref_dx, ref_dg = R.grid_sampler_2d_backward(go, x, grid, 0, 1, False)
+    if function_suffix == "":
+        assert got[0].shape == x.shape and got[0].dtype == np.float32
+        np.testing.assert_array_equal(got[0], dx)
+        np.testing.assert_allclose(got[0], ref_dx, rtol=1e-4, atol=1e-4)
+    assert got[-1].shape == grid.shape and got[-1].dtype == np.float32
+    np.testing.assert_array_equal(got[-1], dg)
+    np.testing.assert_allclose(got[-1], ref_dg, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not HAVE_UPSAMPLE, reason="templates/upsample_bilinear2d_backward.mlir.j2 does not exist yet")
+def test_upsample_runs_in_iree_run_module(tmp_path):
+    spec = UpsampleSpec(False, "float32", "NCHW")
+    st = ArtifactStore(tmp_path / "artifacts")
+    _, entry = st.build_one(spec, TARGET)
+    vmfb = st.paths(spec, TARGET)["vmfb"]
+    rng = np.random.default_rng(1)
+    N, C, H, W, Ho, Wo = 2, 3, 5, 7, 12, 16
+    go = rng.standard_normal((N, C, Ho, Wo)).astype(np.float32)
+    # The host passes the per-axis scales (area_pixel_compute_scale) as a tensor<2xf32>.
+    scales = np.array([R.area_pixel_compute_scale(H, Ho, False), R.area_pixel_compute_scale(W, Wo, False)],
+                      np.float32)
+    np.save(tmp_path / "go.npy", go)
+    np.save(tmp_path / "scales.npy", scales)
+    np.save(tmp_path / "dx0.npy", np.zeros((N, C, H, W), np.float32))
+    got, = _run(vmfb, spec.kernel_name, ["@go.npy", "@scales.npy", "@dx0.npy", _workspace_arg(entry, spec.kernel_name)],
+                ["dx.npy"], tmp_path)
+    api = _api_result(st.root, lambda: aclnn_iree.upsample_bilinear2d_backward(go, (Ho, Wo), (N, C, H, W), False))
+    assert got.shape == (N, C, H, W)
+    np.testing.assert_array_equal(got, api)
+    np.testing.assert_allclose(got, R.upsample_bilinear2d_backward(go, (Ho, Wo), (N, C, H, W), False),
+                               rtol=1e-5, atol=1e-5)
