@@ -338,6 +338,9 @@ def _run(op, workspace, workspaceSize, executor, stream) -> int:
     else:
         ws_buffer = executor.device.placeholder
     wait, signal = stream.next_fences()
+    # Everything the call reads stays alive until the stream has passed it, even when a
+    # single-use executor is released right below (e.g. the upsample's internal scales).
+    stream.retain(signal, (executor.keep, executor.views, ws_buffer, workspace))
     try:
         if executor.kernel is not None:
             executor.kernel.launch(executor.views, ws_buffer, wait, signal)
@@ -359,7 +362,7 @@ def _enqueue_zero_fill(executor, wait, signal):
         if t.nbytes:
             cb.fill(t.buffer, np.zeros(1, np.uint8), 0, t.nbytes)
     cb.end()
-    dev.hal.queue_execute([cb], wait, signal)
+    dev.hal.queue_execute(cb, wait, signal)  # iree-base-runtime 3.13 takes one command buffer
 
 
 def _phase1(build):

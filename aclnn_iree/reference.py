@@ -400,7 +400,7 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode: int,
     if flat_idx and size > 0:
         idx = np.concatenate(flat_idx)
         val = np.concatenate(flat_val)
-        gi_t = np.bincount(idx, weights=val, minlength=size).reshape(N, H, W, C)
+        gi_t = np.bincount(idx, weights=val, minlength=size).astype(np.float64).reshape(N, H, W, C)  # bincount of nothing is int64
     else:
         gi_t = np.zeros((N, H, W, C), dtype=np.float64)
     grad_input = np.ascontiguousarray(gi_t.transpose(0, 3, 1, 2))

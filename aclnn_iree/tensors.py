@@ -171,19 +171,35 @@ class aclrtStream:
         self.value = 0
         self.destroyed = False
         self._lock = threading.Lock()
+        self._inflight = []  # (timeline value, objects the work reads) until the stream passes it
 
     def next_fences(self):
         """(wait, signal) fences for the next piece of work; advances the timeline."""
         with self._lock:
             v = self.value
             self.value = v + 1
+        self._prune()
         return rt.HalFence.create_at(self.semaphore, v), rt.HalFence.create_at(self.semaphore, v + 1)
+
+    def retain(self, signal, objects):
+        """Keeps `objects` alive until the work that signals the current value has finished."""
+        with self._lock:
+            self._inflight.append((self.value, objects))
+
+    def _prune(self):
+        try:
+            done = self.semaphore.query()
+        except Exception:  # a failed timeline: keep everything until synchronize
+            return
+        with self._lock:
+            self._inflight = [(v, o) for v, o in self._inflight if v > done]
 
     def synchronize(self):
         """Blocks until all work enqueued so far has finished."""
         with self._lock:
             v = self.value
         rt.HalFence.create_at(self.semaphore, v).wait()
+        self._prune()
 
     def __repr__(self):
         return f"aclrtStream(device={self.device.name}, value={self.value})"

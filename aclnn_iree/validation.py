@@ -128,7 +128,10 @@ def upsample_scale(in_size: int, out_size: int, align_corners: bool, scale: floa
 def _scale_arg(name, v):
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         _fail(INVALID, f"{name} must be a float, got {type(v).__name__} {v!r}")
-    v = float(v)
+    try:
+        v = float(v)
+    except OverflowError:  # an int beyond the double range
+        _fail(INVALID, f"{name} must be finite, got an integer of {int(v).bit_length()} bits")
     if not math.isfinite(v):
         _fail(INVALID, f"{name} must be finite, got {v}")
     return v

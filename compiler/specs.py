@@ -140,7 +140,7 @@ class UpsampleSpec:
     def template_params(self) -> dict:
         d = DTYPES[self.dtype]
         return dict(kernel_name=self.kernel_name, align_corners=self.align_corners, layout=self.layout,
-                    storage_type=d.storage, compute_type=d.compute, accum_type=d.accum)
+                    storage_type=d.storage, compute_type=d.compute)
 
 
 Spec = Union[GridSamplerSpec, UpsampleSpec]

@@ -37,21 +37,6 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 DEVICE = "local-task"
 OTHER_DEVICE = "local-sync"  # a second IREE device on the same machine
 
-# Library bugs (see the final report): tests that expose them are strict xfails.
-ZERO_FILL_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: aclnn._enqueue_zero_fill calls HalDevice.queue_execute([cb], wait, signal) with a list; "
-           "iree-base-runtime 3.13 takes one command buffer and raises RuntimeError('std::bad_cast'), so phase 2 "
-           "of every kernel-less executor (all-False outputMask, empty tensors) returns 361001 'launch failed: "
-           "std::bad_cast' and fails the stream (every later synchronize returns 561000)")
-KEEP_ALIVE_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _run() releases a single-use executor (_release clears .keep) right after enqueueing; the "
-           "upsample executor's internal scales tensor (imported host memory created in phase 1) lives only in "
-           ".keep, so it is freed before the asynchronous kernel reads it: garbage scales -> wrong results "
-           "(seen as random wrong answers under threads)")
-
-
 # ----------------------------------------------------------------------------- helpers
 @pytest.fixture
 def stream():
@@ -646,9 +631,6 @@ def test_upsample_inconsistent_scale(name, value):
     expect_status(_up_call(args), INVALID, name, "inconsistent")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an int scale too large for a float (scalesH=10**400) escapes "
-                                       "_scale_arg as OverflowError and is reported as ACLNN_ERR_INNER (561000) "
-                                       "instead of ACLNN_ERR_PARAM_INVALID (161002)")
 @pytest.mark.parametrize("name", ["scalesH", "scalesW"])
 def test_upsample_huge_int_scale_is_invalid(name):
     args = _up_args()
@@ -888,7 +870,6 @@ def test_all_false_mask_phase1_succeeds_with_zero_workspace(dtype):
     assert A.aclDestroyAclOpExecutor(ex) == SUCCESS
 
 
-@ZERO_FILL_BUG
 def test_all_false_mask_phase2_runs_and_leaves_outputs_untouched(stream):
     go, x, grid = gs_arrays(dtype=np.float16)
     ts = gs_tensors(go, x, grid, dx_fill=7.0, dg_fill=7.0)
@@ -1090,11 +1071,8 @@ def test_four_threads_25_calls_each_on_their_own_streams():
                     res = up_phase1(go_t, osz, isz, False, -1.0, -1.0, out)
                     if res[0] != SUCCESS:
                         raise AssertionError(A.aclGetRecentErrMsg())
-                    # Repeatable, destroyed after the synchronize: a single-use upsample executor frees its
-                    # scales before the kernel reads them (KEEP_ALIVE_BUG, its own test below).
-                    assert A.aclSetAclOpExecutorRepeatable(res[2]) == SUCCESS
+                    # Single use: the stream keeps the executor's internal scales alive until it ran.
                     execute(res, s, A.aclnnUpsampleBilinear2dBackwardV2)
-                    assert A.aclDestroyAclOpExecutor(res[2]) == SUCCESS
                     assert_close(out.numpy(), R.upsample_bilinear2d_backward(g, osz, isz, False), dtype)
                 # the error message is per thread: a failure here is seen only by this thread
                 bad = A.aclnnGridSampler2DBackwardGetWorkspaceSize(None, None, None, 0, 0, False,
@@ -1114,7 +1092,6 @@ def test_four_threads_25_calls_each_on_their_own_streams():
 
 
 @needs_upsample
-@KEEP_ALIVE_BUG
 def test_single_use_upsample_keeps_its_scales_alive_until_the_kernel_ran():
     """Deterministic form of the threaded failure: the stream is held at an unsignalled step, so the
     enqueued kernel cannot start; the host memory freed by _release is reused; then the stream goes on."""
@@ -1184,7 +1161,6 @@ def test_grid_sampler_empty_tensors_phase1(dtype, shape, mask):
     assert A.aclDestroyAclOpExecutor(ex) == SUCCESS
 
 
-@ZERO_FILL_BUG
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("shape", [dict(Ho=0), dict(Wo=0), dict(Ho=0, Wo=0)])
 def test_grid_sampler_empty_grid_writes_requested_input_grad_as_zeros(stream, dtype, shape):
@@ -1200,7 +1176,6 @@ def test_grid_sampler_empty_grid_writes_requested_input_grad_as_zeros(stream, dt
     assert ts[4].numpy().shape == grid.shape
 
 
-@ZERO_FILL_BUG
 def test_grid_sampler_empty_batch_runs(stream):
     go, x, grid = gs_arrays(N=0)
     ts = gs_tensors(go, x, grid)
@@ -1211,7 +1186,6 @@ def test_grid_sampler_empty_batch_runs(stream):
     assert ts[3].numpy().shape == x.shape and ts[4].numpy().shape == grid.shape
 
 
-@ZERO_FILL_BUG
 def test_grid_sampler_empty_grid_masked_input_grad_untouched(stream):
     go, x, grid = gs_arrays(Ho=0)
     ts = gs_tensors(go, x, grid, dx_fill=7.0, dg_fill=7.0)
@@ -1222,7 +1196,6 @@ def test_grid_sampler_empty_grid_masked_input_grad_untouched(stream):
     assert np.all(ts[3].numpy() == 7.0)
 
 
-@ZERO_FILL_BUG
 def test_grid_sampler_empty_repeatable_zero_fill(stream):
     """The zero fill of an empty call runs on every run of a repeatable executor."""
     go, x, grid = gs_arrays(Ho=0)
@@ -1256,7 +1229,6 @@ def test_upsample_empty_tensors_phase1(isz, fmt):
     assert A.aclDestroyAclOpExecutor(ex) == SUCCESS
 
 
-@ZERO_FILL_BUG
 @pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
 def test_upsample_empty_tensors_phase2(stream, fmt):
     go_t, in_sz, out = _up_empty([0, 3, 3, 4], fmt)

@@ -6,7 +6,8 @@ What is drawn
   1..9 (1s and non-square shapes included), every (interpolation, padding,
   align_corners) combination (18 parametrisations).  Each grid coordinate is
   one of: uniform in [-1.1, 1.1], uniform in [-3, 3] (outside, several
-  reflections), exactly -1, exactly +1, exactly 0, a pixel centre, a pixel edge
+  reflections), far outside (|g| log-uniform in [3, 1e4]: many reflections,
+  the exact-fmod path), exactly -1, exactly +1, exactly 0, a pixel centre, a pixel edge
   (nearest-mode ties: half-integer pixel coordinates), the centre/edge index
   running from 2 pixels before the image to 2 after it.
 * upsample_bilinear2d_backward, float32: N <= 2, C <= 4, H_in, W_in, H_out,
@@ -33,7 +34,7 @@ sources, bounded separately:
    quantities, so their error is absolute, not relative to |w_t| (a weight
    that should be 1e-9 may come out as 1e-9 + 1e-7).  Sources: the rounding of
    the unnormalised coordinate / source index (<= ~eps * L with L the largest
-   size along the axis; our replay below usually removes it, but we do not rely
+   size, or for the grid sampler the largest |unnormalised coordinate|; our replay below usually removes it, but we do not rely
    on bit-identical FMA contraction), and for bicubic the Horner evaluation of
    the cubic coefficients and their derivatives (|x| <= 2, intermediates <= ~8:
    <= 32 eps).  Bound: (c_poly + L) * eps * S_1, S_1 = sum_t |a_t| (every
@@ -200,26 +201,29 @@ def grid_sampler_tolerances(go, x, grid64, mode, padding, align_corners):
     go_t, x_t = go.transpose(0, 2, 3, 1), xa.transpose(0, 2, 3, 1)
     n_idx = np.arange(N).reshape(N, 1, 1)
     c_idx = np.arange(C)
+    # Absolute weight error per point, in units of eps: c_poly (bicubic Horner) + L, L = the point's
+    # largest |unnormalised coordinate| (at least the image size): coordinate rounding ~ eps * L.
+    c_poly = C_POLY_BICUBIC if mode == ref.INTERP_BICUBIC else 0.0
+    L = np.maximum(max(H, W), np.max((np.abs(grid64) + 1) * np.array([W, H]) / 2, axis=-1))
+    wabs = c_poly + L  # (N, Ho, Wo)
     size = N * H * W * C
     sw, s1, cnt = np.zeros(size), np.zeros(size), np.zeros(size)
     gsw, gs1 = np.zeros((N, Ho, Wo, 2)), np.zeros((N, Ho, Wo, 2))
     for yi, xi, valid, w, dwx, dwy in taps:
         flat = (((n_idx * H + yi) * W + xi)[valid][:, None] * C + c_idx[None, :]).ravel()
         sw += np.bincount(flat, weights=(np.abs(w[valid])[:, None] * go_t[valid]).ravel(), minlength=size)
-        s1 += np.bincount(flat, weights=go_t[valid].ravel(), minlength=size)
+        s1 += np.bincount(flat, weights=(wabs[valid][:, None] * go_t[valid]).ravel(), minlength=size)
         cnt += np.bincount(flat, minlength=size)
         vals = np.where(valid[..., None], x_t[n_idx, yi, xi], 0.0)
         vg = np.where(valid, np.einsum("nhwc,nhwc->nhw", vals, go_t), 0.0)
         gsw[..., 0] += np.abs(dwx) * vg
         gsw[..., 1] += np.abs(dwy) * vg
-        gs1 += vg[..., None]
-    c_poly = C_POLY_BICUBIC if mode == ref.INTERP_BICUBIC else 0.0
-    L = max(H, W)
-    tdx = EPS * ((cnt + 4) * sw + (c_poly + L) * s1)
+        gs1 += (wabs * vg)[..., None]
+    tdx = EPS * ((cnt + 4) * sw + s1)
     tdx = tdx.reshape(N, H, W, C).transpose(0, 3, 1, 2)
     mult = np.stack([np.abs(mx), np.abs(my)], axis=-1)
     n_terms = C * len(taps)
-    tdg = EPS * mult * ((n_terms + 4) * gsw + (c_poly + L) * gs1)
+    tdg = EPS * mult * ((n_terms + 4) * gsw + gs1)
     if mode == ref.INTERP_NEAREST:
         tdg = np.zeros_like(tdg)  # exactly 0
     return tdx, tdg
@@ -240,7 +244,8 @@ def assert_within(name, got, expected, tol, context):
 
 
 # =========================================================================== grid sampler strategy
-KIND_NAMES = ("uniform[-1.1,1.1]", "uniform[-3,3]", "-1", "+1", "0", "pixel centre", "pixel edge")
+KIND_NAMES = ("uniform[-1.1,1.1]", "uniform[-3,3]", "-1", "+1", "0", "pixel centre", "pixel edge",
+              "far outside (|g| log-uniform in [3, 1e4])")
 
 
 def _pixel_to_grid(p, size, align_corners):
@@ -264,11 +269,12 @@ def grid_sampler_cases(draw, align_corners):
     for d, size in ((0, W), (1, H)):
         k = kinds[..., d]
         p = (idx[..., d] % (size + 4)) - 2.0  # pixel index -2 .. size+1
+        far = rng.choice([-1.0, 1.0], k.shape) * np.exp(rng.uniform(np.log(3.0), np.log(1e4), k.shape))
         col = np.select(
-            [k == 0, k == 1, k == 2, k == 3, k == 4, k == 5, k == 6],
+            [k == 0, k == 1, k == 2, k == 3, k == 4, k == 5, k == 6, k == 7],
             [rng.uniform(-1.1, 1.1, k.shape), rng.uniform(-3.0, 3.0, k.shape), np.full(k.shape, -1.0),
              np.full(k.shape, 1.0), np.zeros(k.shape), _pixel_to_grid(p, size, align_corners),
-             _pixel_to_grid(p + 0.5, size, align_corners)])
+             _pixel_to_grid(p + 0.5, size, align_corners), far])
         g[..., d] = col
     grid = g.astype(F32)
     nudged = sanitize_grid(grid, H, W, align_corners)
