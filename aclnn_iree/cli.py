@@ -126,6 +126,15 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+def _cmd_bench(args) -> int:
+    from .bench import run_bench
+    ops = [{"grid_sampler_2d_backward": "grid", "upsample_bilinear2d_backward": "upsample"}[o]
+           for o in (args.op or [])]
+    run_bench(quick=args.quick, threads=args.threads, device=args.device, ops=ops or None,
+              repeats=args.repeats, json_path=args.json, compile=not args.no_compile)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .compiler.specs import DTYPES, OPS
     from .compiler.targets import TARGETS
@@ -167,6 +176,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", metavar="DIR", help="output directory for the PNG files (default: demo_output/)")
     d.add_argument("--quick", action="store_true", help="smaller image, fewer iterations")
     d.set_defaults(func=_cmd_demo)
+
+    bn = sub.add_parser("bench", help="time our kernels beside PyTorch in one run and print the ratios")
+    bn.add_argument("--quick", action="store_true", help="a subset of the cases; float32 compile times only")
+    bn.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bn.add_argument("--threads", type=int, default=2, help="threads for us and for PyTorch (default 2)")
+    bn.add_argument("--device", default="local-task", help="IREE device (default local-task)")
+    bn.add_argument("--op", action="append", choices=list(OPS), help="operator (repeatable; default: both)")
+    bn.add_argument("--repeats", type=int, default=10, help="timed runs per measurement (median; default 10)")
+    bn.add_argument("--no-compile", action="store_true", help="skip the compile-time measurements")
+    bn.set_defaults(func=_cmd_bench)
     return p
 
 
