@@ -22,6 +22,9 @@ __all__ = [
 INTERPOLATION_MODES = ("bilinear", "nearest", "bicubic")  # aclnn/PyTorch codes 0, 1, 2
 PADDING_MODES = ("zeros", "border", "reflection")  # aclnn/PyTorch codes 0, 1, 2
 LAYOUTS = ("NCHW", "NHWC")
+# Planes of dx one grid-sampler workgroup owns: each output point's coordinates are
+# computed once for this many channels.
+GRID_DX_CHANNEL_BLOCK = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +106,7 @@ class GridSamplerSpec:
         d = DTYPES[self.dtype]
         return dict(kernel_name=self.kernel_name, mode=self.interpolation_mode, padding=self.padding_mode,
                     align_corners=self.align_corners, storage_type=d.storage, compute_type=d.compute,
-                    accum_type=d.accum, ct_inf_hex=d.compute_inf_hex)
+                    accum_type=d.accum, ct_inf_hex=d.compute_inf_hex, channel_block=GRID_DX_CHANNEL_BLOCK)
 
 
 @dataclasses.dataclass(frozen=True)
