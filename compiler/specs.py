@@ -25,6 +25,10 @@ LAYOUTS = ("NCHW", "NHWC")
 # Planes of dx one grid-sampler workgroup owns: each output point's coordinates are
 # computed once for this many channels.
 GRID_DX_CHANNEL_BLOCK = 8
+# Lanes of the NHWC upsample kernel's loads and FMAs along C (masked at the tail).
+UPSAMPLE_VECTOR_WIDTH = 8
+# Stack buffer of the NCHW upsample kernel's partial row (longer rows take a slower path).
+UPSAMPLE_ROW_BYTES = 16384
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,8 +146,11 @@ class UpsampleSpec:
 
     def template_params(self) -> dict:
         d = DTYPES[self.dtype]
-        return dict(kernel_name=self.kernel_name, align_corners=self.align_corners, layout=self.layout,
-                    storage_type=d.storage, compute_type=d.compute)
+        params = dict(kernel_name=self.kernel_name, align_corners=self.align_corners, layout=self.layout,
+                      storage_type=d.storage, compute_type=d.compute, vector_width=UPSAMPLE_VECTOR_WIDTH)
+        if self.layout == "NCHW":
+            params["row_cap"] = UPSAMPLE_ROW_BYTES // (8 if d.compute == "f64" else 4)
+        return params
 
 
 Spec = Union[GridSamplerSpec, UpsampleSpec]

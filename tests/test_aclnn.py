@@ -1101,8 +1101,10 @@ def test_single_use_upsample_keeps_its_scales_alive_until_the_kernel_ran():
     out = A.aclCreateTensor(shape=(1, 1, 2, 2), dtype=np.float32, format="NCHW")
     status, ws, ex = up_phase1(go_t, [4, 4], [1, 1, 2, 2], False, -1.0, -1.0, out)
     assert status == SUCCESS
+    workspace = A.aclrtMalloc(ws, s)[1] if ws > 0 else None
     s.next_fences()  # an unsignalled step 0 -> 1 ahead of the call
-    assert A.aclnnUpsampleBilinear2dBackwardV2(None, ws, ex, s) == SUCCESS
+    assert A.aclnnUpsampleBilinear2dBackwardV2(workspace, ws, ex, s) == SUCCESS
+    del workspace  # the stream keeps it alive until the call ran
     junk = [np.full(18, 1e6, np.float32) for _ in range(10000)]  # reuses freed small blocks
     s.semaphore.signal(1)
     assert A.aclrtSynchronizeStream(s) == SUCCESS
@@ -1119,8 +1121,9 @@ def test_repeatable_upsample_survives_reuse_of_freed_memory():
     out = A.aclCreateTensor(shape=(1, 1, 2, 2), dtype=np.float32, format="NCHW")
     status, ws, ex = up_phase1(go_t, [4, 4], [1, 1, 2, 2], False, -1.0, -1.0, out)
     assert A.aclSetAclOpExecutorRepeatable(ex) == SUCCESS
+    workspace = A.aclrtMalloc(ws, s)[1] if ws > 0 else None
     s.next_fences()
-    assert A.aclnnUpsampleBilinear2dBackwardV2(None, ws, ex, s) == SUCCESS
+    assert A.aclnnUpsampleBilinear2dBackwardV2(workspace, ws, ex, s) == SUCCESS
     junk = [np.full(18, 1e6, np.float32) for _ in range(10000)]
     s.semaphore.signal(1)
     assert A.aclrtSynchronizeStream(s) == SUCCESS

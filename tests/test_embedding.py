@@ -31,6 +31,7 @@ import numpy as np
 import pytest
 
 import aclnn_iree
+from aclnn_iree import aclnn as A
 from aclnn_iree import reference as R
 from aclnn_iree.compiler import GridSamplerSpec, UpsampleSpec, get_target
 from aclnn_iree.compiler.build import ArtifactStore
@@ -129,8 +130,13 @@ def test_upsample_runs_in_iree_run_module(tmp_path):
     np.save(tmp_path / "go.npy", go)
     np.save(tmp_path / "scales.npy", scales)
     np.save(tmp_path / "dx0.npy", np.zeros((N, C, H, W), np.float32))
-    got, = _run(vmfb, spec.kernel_name, ["@go.npy", "@scales.npy", "@dx0.npy", _workspace_arg(entry, spec.kernel_name)],
-                ["dx.npy"], tmp_path)
+    # The upsample workspace (its window tables) depends on the shapes: an embedding app asks
+    # the module's `_transients_size` companion through its runtime API, as phase 1 does.
+    ws = _api_result(st.root, lambda: A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
+        A.aclCreateTensor(go, "NCHW"), A.aclCreateIntArray([Ho, Wo]), A.aclCreateIntArray([N, C, H, W]), False,
+        0.0, 0.0, A.aclCreateTensor(shape=(N, C, H, W), dtype=np.float32, format="NCHW"))[1])
+    assert entry["exports"][spec.kernel_name]["transients_size_constant"] is None and ws > 0
+    got, = _run(vmfb, spec.kernel_name, ["@go.npy", "@scales.npy", "@dx0.npy", f"&{ws}xi8"], ["dx.npy"], tmp_path)
     api = _api_result(st.root, lambda: aclnn_iree.upsample_bilinear2d_backward(go, (Ho, Wo), (N, C, H, W), False))
     assert got.shape == (N, C, H, W)
     np.testing.assert_array_equal(got, api)
