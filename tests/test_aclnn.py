@@ -284,7 +284,13 @@ def _gs_call(args):
 
 def test_grid_sampler_valid_arguments_succeed():
     status, ws, ex = _gs_call(_gs_args())
-    assert status == SUCCESS and ws == 0 and isinstance(ex, A.aclOpExecutor)
+    # Both gradients: one pass writes dx and per-channel-block partial grid gradients (the
+    # workspace, 2 values per output point and block), then the blocks are summed.
+    assert status == SUCCESS and ws > 0 and isinstance(ex, A.aclOpExecutor)
+    args = _gs_args()
+    args["outputMask"] = A.aclCreateBoolArray([True, False])
+    status, ws_dx, _ = _gs_call(args)
+    assert status == SUCCESS and ws_dx == 0  # float32 dx alone needs no scratch
 
 
 @pytest.mark.parametrize("name", ["gradOutput", "input", "grid", "inputGrad", "gridGrad", "outputMask"])
@@ -669,7 +675,7 @@ def test_phase2_workspace_size_not_a_size(stream, bad):
 
 def test_phase2_zero_workspace_executor_rejects_negative_size(stream):
     go, x, grid = gs_arrays()
-    status, ws, ex = gs_phase1(*gs_tensors(go, x, grid))
+    status, ws, ex = gs_phase1(*gs_tensors(go, x, grid), mask=(True, False))
     assert ws == 0
     expect_status(A.aclnnGridSampler2DBackward(None, -1, ex, stream), INVALID, "workspaceSize")
     expect_status(A.aclnnGridSampler2DBackward(None, "0", ex, stream), INVALID, "workspaceSize")
@@ -711,8 +717,9 @@ def test_phase2_single_use_executor_cannot_run_twice(stream):
     go, x, grid = gs_arrays()
     ts = gs_tensors(go, x, grid)
     status, ws, ex = gs_phase1(*ts)
-    assert A.aclnnGridSampler2DBackward(None, ws, ex, stream) == SUCCESS
-    expect_status(A.aclnnGridSampler2DBackward(None, ws, ex, stream), NOT_TRANS, "executor")
+    buf = A.aclrtMalloc(ws, stream)[1] if ws > 0 else None
+    assert A.aclnnGridSampler2DBackward(buf, ws, ex, stream) == SUCCESS
+    expect_status(A.aclnnGridSampler2DBackward(buf, ws, ex, stream), NOT_TRANS, "executor")
     # nor be made repeatable or destroyed afterwards (the framework released it)
     expect_status(A.aclSetAclOpExecutorRepeatable(ex), NOT_TRANS)
     expect_status(A.aclDestroyAclOpExecutor(ex), NOT_TRANS)
@@ -750,8 +757,9 @@ def test_executor_wrong_object(stream, bad):
 def test_executor_of_the_other_op(stream):
     go, x, grid = gs_arrays()
     _, ws, ex = gs_phase1(*gs_tensors(go, x, grid))
-    expect_status(A.aclnnUpsampleBilinear2dBackwardV2(None, ws, ex, stream), INVALID, "aclnnGridSampler2DBackward")
-    assert A.aclnnGridSampler2DBackward(None, ws, ex, stream) == SUCCESS  # still usable
+    buf = A.aclrtMalloc(ws, stream)[1] if ws > 0 else None
+    expect_status(A.aclnnUpsampleBilinear2dBackwardV2(buf, ws, ex, stream), INVALID, "aclnnGridSampler2DBackward")
+    assert A.aclnnGridSampler2DBackward(buf, ws, ex, stream) == SUCCESS  # still usable
     assert A.aclrtSynchronizeStream(stream) == SUCCESS
 
 
@@ -759,6 +767,7 @@ def test_executor_of_the_other_op(stream):
 def test_phase2_bad_stream(stream, other_stream, bad):
     go, x, grid = gs_arrays()
     _, ws, ex = gs_phase1(*gs_tensors(go, x, grid))
+    buf = A.aclrtMalloc(ws, stream)[1] if ws > 0 else None
     if bad == "destroyed":
         _, s = A.aclrtCreateStream(DEVICE)
         assert A.aclrtDestroyStream(s) == SUCCESS
@@ -766,8 +775,8 @@ def test_phase2_bad_stream(stream, other_stream, bad):
         s = other_stream
     else:
         s = bad
-    expect_status(A.aclnnGridSampler2DBackward(None, ws, ex, s), INVALID, "stream")
-    assert A.aclnnGridSampler2DBackward(None, ws, ex, stream) == SUCCESS  # not consumed
+    expect_status(A.aclnnGridSampler2DBackward(buf, ws, ex, s), INVALID, "stream")
+    assert A.aclnnGridSampler2DBackward(buf, ws, ex, stream) == SUCCESS  # not consumed
     assert A.aclrtSynchronizeStream(stream) == SUCCESS
 
 

@@ -114,9 +114,11 @@ def test_manifest_has_every_field(built_store):
             assert any("iree.abi.output = 0" in a for a in x["arguments"])
             assert x["results"] and all(r.startswith("tensor<") for r in x["results"])
             assert x["transients_size_function"] == name + "_transients_size"
-            # float32 grid sampler kernels need no scratch ("0"); the upsample's window
-            # tables grow with the image, so its size is shape-dependent (None).
-            assert (x["transients_size_constant"] is None) == isinstance(s, UpsampleSpec)
+            # float32 grid sampler dx or dgrid alone needs no scratch ("0"); both at once keep
+            # partial grid-gradient sums, and the upsample its window tables: both grow with
+            # the shapes (None).
+            shape_dependent = isinstance(s, UpsampleSpec) or name == s.kernel_name
+            assert (x["transients_size_constant"] is None) == shape_dependent, name
             size = e["exports"][name + "_transients_size"]
             assert size == {"companion_of": name, "arguments": x["arguments"], "results": ["i64"]}
             assert e["functions"][name + "_transients_size"].endswith(f"-> i64  (workspace bytes of @{name})")
