@@ -27,7 +27,8 @@ LAYOUTS = ("NCHW", "NHWC")
 GRID_DX_CHANNEL_BLOCK = 8
 # Lanes of the NHWC upsample kernel's loads and FMAs along C (masked at the tail).
 UPSAMPLE_VECTOR_WIDTH = 8
-# Stack buffer of the NCHW upsample kernel's partial row (longer rows take a slower path).
+# Stack buffer of the upsample kernel's partial row (NCHW: W_out values; NHWC: C values).
+# Longer rows take a slower path.
 UPSAMPLE_ROW_BYTES = 16384
 
 
@@ -148,8 +149,7 @@ class UpsampleSpec:
         d = DTYPES[self.dtype]
         params = dict(kernel_name=self.kernel_name, align_corners=self.align_corners, layout=self.layout,
                       storage_type=d.storage, compute_type=d.compute, vector_width=UPSAMPLE_VECTOR_WIDTH)
-        if self.layout == "NCHW":
-            params["row_cap"] = UPSAMPLE_ROW_BYTES // (8 if d.compute == "f64" else 4)
+        params["row_cap"] = UPSAMPLE_ROW_BYTES // (8 if d.compute == "f64" else 4)
         return params
 
 
