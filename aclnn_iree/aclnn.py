@@ -377,6 +377,12 @@ def _phase1(build):
 
 def _load_kernel(device, spec, function_name):
     """The kernel of a specialisation on a device, with load failures as status codes."""
+    if not device.is_host:
+        # The dispatches are written for CPU workgroups (one thread each); GPU forms
+        # (one thread per point, atomics or an ordered mode) are not built yet.
+        raise AclnnError(E.ACLNN_ERR_INNER_FIND_KERNEL_ERROR,
+                         f"no kernels for device {device.name!r} yet: only the CPU devices local-task and "
+                         "local-sync run these operators (GPU targets are planned, not validated)")
     try:
         return load_module(device, spec).kernel(function_name)
     except ArtifactMissing as e:
