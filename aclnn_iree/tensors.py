@@ -9,10 +9,9 @@ from __future__ import annotations
 import threading
 
 import iree.runtime as rt
-import ml_dtypes
 import numpy as np
 
-from .runtime.device import Device, get_device
+from .runtime.device import Device, element_type, get_device
 
 __all__ = ["aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer", "FORMATS",
            "hal_element_type"]
@@ -22,23 +21,9 @@ FORMATS = ("ND", "NCHW", "NHWC")
 # guarantees, so host arrays are imported without a copy.
 HOST_ALIGNMENT = 16
 
-_HAL_TYPES = {
-    np.dtype(np.float32): rt.HalElementType.FLOAT_32,
-    np.dtype(np.float16): rt.HalElementType.FLOAT_16,
-    np.dtype(np.float64): rt.HalElementType.FLOAT_64,
-    np.dtype(ml_dtypes.bfloat16): rt.HalElementType.BFLOAT_16,
-    np.dtype(np.int8): rt.HalElementType.SINT_8,
-    np.dtype(np.int16): rt.HalElementType.SINT_16,
-    np.dtype(np.int32): rt.HalElementType.SINT_32,
-    np.dtype(np.int64): rt.HalElementType.SINT_64,
-    np.dtype(np.uint8): rt.HalElementType.UINT_8,
-    np.dtype(np.bool_): rt.HalElementType.BOOL_8,
-}
-
-
 def hal_element_type(dtype) -> int:
     """HAL element type of a NumPy dtype; raises KeyError for dtypes a tensor cannot hold."""
-    return _HAL_TYPES[np.dtype(dtype)]
+    return element_type(dtype)
 
 
 def aligned(array: np.ndarray, alignment: int = HOST_ALIGNMENT) -> np.ndarray:
@@ -131,34 +116,33 @@ class aclTensor:
         return f"aclTensor(shape={self.shape}, dtype={self.dtype.name}, format={self.format}, device={self.device.name}{state})"
 
 
-class aclIntArray:
+class _HostArray:
+    """A small host-side array argument (aclIntArray / aclBoolArray): `.values`, `.size`."""
+
+    convert = staticmethod(lambda v: v)
+
+    def __init__(self, values):
+        self.values = tuple(self.convert(v) for v in values)
+        self.destroyed = False
+
+    @property
+    def size(self) -> int:
+        return len(self.values)
+
+    def __repr__(self):
+        return f"{type(self).__name__}({list(self.values)})"
+
+
+class aclIntArray(_HostArray):
     """A host array of int64 values (aclIntArray): `.values` tuple, `.size` length."""
 
-    def __init__(self, values):
-        self.values = tuple(int(v) for v in values)
-        self.destroyed = False
-
-    @property
-    def size(self) -> int:
-        return len(self.values)
-
-    def __repr__(self):
-        return f"aclIntArray({list(self.values)})"
+    convert = staticmethod(int)
 
 
-class aclBoolArray:
+class aclBoolArray(_HostArray):
     """A host array of bools (aclBoolArray): `.values` tuple, `.size` length."""
 
-    def __init__(self, values):
-        self.values = tuple(bool(v) for v in values)
-        self.destroyed = False
-
-    @property
-    def size(self) -> int:
-        return len(self.values)
-
-    def __repr__(self):
-        return f"aclBoolArray({list(self.values)})"
+    convert = staticmethod(bool)
 
 
 class aclrtStream:

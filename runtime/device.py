@@ -14,11 +14,20 @@ _ELEMENT_TYPES = {
     np.dtype(np.float16): rt.HalElementType.FLOAT_16,
     np.dtype(np.float64): rt.HalElementType.FLOAT_64,
     np.dtype(ml_dtypes.bfloat16): rt.HalElementType.BFLOAT_16,
+    np.dtype(np.int8): rt.HalElementType.SINT_8,
+    np.dtype(np.int16): rt.HalElementType.SINT_16,
+    np.dtype(np.int32): rt.HalElementType.SINT_32,
+    np.dtype(np.int64): rt.HalElementType.SINT_64,
+    np.dtype(np.uint8): rt.HalElementType.UINT_8,
+    np.dtype(np.bool_): rt.HalElementType.BOOL_8,
 }
 
 
 def element_type(dtype) -> int:
-    """The HAL element type of a NumPy dtype (float16/32/64 or ml_dtypes.bfloat16)."""
+    """The HAL element type of a NumPy dtype (floats incl. ml_dtypes.bfloat16, ints, bool).
+
+    Raises KeyError for a dtype a device buffer cannot hold.
+    """
     return _ELEMENT_TYPES[np.dtype(dtype)]
 
 
