@@ -317,6 +317,10 @@ def _run(op, workspace, workspaceSize, executor, stream) -> int:
     """Phase 2 of either op: checks the executor, stream and workspace, then enqueues the call."""
     _check_executor(executor, op)
     _check_stream(stream, executor.device)
+    for t in (*executor.keep, *executor.zero_fill):
+        if isinstance(t, aclTensor) and t.destroyed:
+            raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR,
+                             f"a tensor bound by phase 1 was destroyed before phase 2: {t!r}")
     if isinstance(workspaceSize, bool) or not isinstance(workspaceSize, (int, np.integer)) or workspaceSize < 0:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"workspaceSize must be a non-negative int, got {workspaceSize!r}")
     need = executor.workspace_size
@@ -347,7 +351,11 @@ def _run(op, workspace, workspaceSize, executor, stream) -> int:
         else:
             _enqueue_zero_fill(executor, wait, signal)
     except Exception as e:
-        signal.fail(str(e))  # later work on the stream sees the failure instead of waiting forever
+        # Nothing was enqueued: keep the stream's timeline moving so later work on it runs.
+        try:
+            _enqueue_noop(executor.device, wait, signal)
+        except Exception:
+            signal.fail(str(e))  # later work sees the failure instead of waiting forever
         raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, f"launch failed: {e}") from None
     if not executor.repeatable:
         _release(executor)
@@ -363,6 +371,13 @@ def _enqueue_zero_fill(executor, wait, signal):
             cb.fill(t.buffer, np.zeros(1, np.uint8), 0, t.nbytes)
     cb.end()
     dev.hal.queue_execute(cb, wait, signal)  # iree-base-runtime 3.13 takes one command buffer
+
+
+def _enqueue_noop(dev, wait, signal):
+    """An empty command buffer: waits for `wait`, signals `signal`."""
+    cb = rt.HalCommandBuffer(dev.hal, binding_capacity=0, begin=True)
+    cb.end()
+    dev.hal.queue_execute(cb, wait, signal)
 
 
 def _phase1(build):

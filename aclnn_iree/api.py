@@ -11,6 +11,7 @@ import threading
 import numpy as np
 
 from . import aclnn as A
+from .runtime.device import on_fork_in_child
 from .errors import ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_PARAM_NULLPTR, ACLNN_SUCCESS, AclnnError
 from .tensors import aclTensor, empty_aligned
 from .validation import INTERPOLATION_NAMES, PADDING_NAMES
@@ -18,6 +19,13 @@ from .validation import INTERPOLATION_NAMES, PADDING_NAMES
 __all__ = ["grid_sampler_2d_backward", "upsample_bilinear2d_backward"]
 
 _tls = threading.local()
+
+
+@on_fork_in_child
+def _forget_streams():
+    """The parent's per-thread streams belong to its devices: a forked child makes new ones."""
+    global _tls
+    _tls = threading.local()
 
 
 def _stream(device: str):

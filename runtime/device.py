@@ -1,6 +1,7 @@
 """IREE devices, one per driver name, created on first use and shared by all threads."""
 from __future__ import annotations
 
+import os
 import threading
 
 import iree.runtime as rt
@@ -43,6 +44,8 @@ class Device:
     """
 
     def __init__(self, name: str, threads: int | None = None):
+        """`threads`: worker count of a local-task device.  IREE caches its drivers per
+        process, so only the first local-task device of a process gets to set it."""
         self.name = name
         self.threads = threads
         if threads is not None:
@@ -50,8 +53,12 @@ class Device:
             rt.flags.parse_flags(f"--task_topology_group_count={int(threads)}")
         # CPU drivers run kernels on host memory: host arrays are imported, not copied.
         self.is_host = name.split(":", 1)[0] in ("local-task", "local-sync")
+        # The IREE bindings cache drivers per process, and the local-task driver's worker
+        # threads do not survive fork(): a forked child runs local-task work on the
+        # synchronous CPU driver instead (same kernels, one thread).
+        self.driver = "local-sync" if (_in_forked_child and name.split(":", 1)[0] == "local-task") else name
         try:
-            self.config = rt.Config(name)
+            self.config = rt.Config(self.driver)
         except Exception as e:  # IREE raises ValueError/RuntimeError depending on the driver
             raise DeviceUnavailable(f"IREE device {name!r} is not available: {e}") from e
         self.hal = self.config.device
@@ -82,6 +89,34 @@ class Device:
 
 _devices: dict = {}
 _lock = threading.Lock()
+_orphans: list = []  # devices inherited through fork(): never used nor destroyed in the child
+_in_forked_child = False
+
+
+def _after_fork_in_child():
+    """A forked child gets fresh devices: the task executor's worker threads do not survive
+    fork(), so the parent's devices would hang on first use.  The inherited ones are kept
+    (not destroyed) because tearing them down would wait for those threads too."""
+    global _devices, _lock, _in_forked_child
+    _in_forked_child = True
+    _orphans.append(_devices)
+    _devices = {}
+    _lock = threading.Lock()
+    for hook in _fork_hooks:
+        hook()
+
+
+_fork_hooks: list = []
+
+
+def on_fork_in_child(hook):
+    """Registers `hook()` to run in a forked child after the device cache was reset."""
+    _fork_hooks.append(hook)
+    return hook
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def get_device(name: str = "local-task") -> Device:

@@ -12,7 +12,7 @@ import threading
 
 import iree.runtime as rt
 
-from .device import Device
+from .device import Device, on_fork_in_child
 from .store import load_module_bytes
 
 __all__ = ["Kernel", "LoadedModule", "load_module"]
@@ -78,6 +78,14 @@ class Kernel:
 
 _modules: dict = {}
 _lock = threading.Lock()
+
+
+@on_fork_in_child
+def _forget_modules():
+    """Modules loaded in the parent belong to its devices; a forked child loads its own."""
+    global _modules, _lock
+    _modules = {}
+    _lock = threading.Lock()
 
 
 def load_module(device: Device, spec) -> LoadedModule:

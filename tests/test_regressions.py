@@ -37,3 +37,55 @@ def test_grid_sampler_more_than_65535_images(mask):
     for got, want in ((dx, rdx), (dg, rdg)):
         if got is not None:
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def _grid_call(q):
+    a = lambda *s: np.ones(s, np.float32)  # noqa: E731
+    dx, dg = aclnn_iree.grid_sampler_2d_backward(a(1, 1, 2, 2), a(1, 1, 3, 3), a(1, 2, 2, 2) * 0)
+    q.put(float(dx.sum()))
+
+
+# A fork()ed child inherited the parent's local-task device, whose worker threads do not
+# survive fork: its first call hung forever.  Children now create their own devices.
+def test_forked_child_can_call_after_the_parent_did():
+    a = lambda *s: np.ones(s, np.float32)  # noqa: E731
+    aclnn_iree.grid_sampler_2d_backward(a(1, 1, 2, 2), a(1, 1, 3, 3), a(1, 2, 2, 2) * 0)
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_grid_call, args=(q,))
+    p.start()
+    p.join(60)
+    hung = p.is_alive()
+    if hung:
+        p.kill()
+    assert not hung, "the forked child hung"
+    assert p.exitcode == 0 and q.get(timeout=5) == 4.0  # 4 output points, all weight on one pixel
+
+
+# Destroying an output between the phases made the zero-fill launch fail inside IREE and left
+# the stream failed for good; now phase 2 reports the destroyed tensor and the stream goes on.
+@pytest.mark.parametrize("empty", [True, False], ids=["zero-fill-path", "kernel-path"])
+def test_tensor_destroyed_between_the_phases(empty):
+    st, s = A.aclrtCreateStream("local-task")
+    x = A.aclCreateTensor(np.ones((1, 2, 5, 5), np.float32))
+    dx = A.aclCreateTensor(shape=(1, 2, 5, 5), dtype=np.float32)
+    ho = 0 if empty else 3
+    go = A.aclCreateTensor(np.ones((1, 2, ho, 4), np.float32))
+    g = A.aclCreateTensor(np.zeros((1, ho, 4, 2), np.float32))
+    dg = A.aclCreateTensor(shape=(1, ho, 4, 2), dtype=np.float32)
+    st, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(go, x, g, 0, 0, False,
+                                                              A.aclCreateBoolArray([True, True]), dx, dg)
+    assert st == A.ACLNN_SUCCESS
+    buf = A.aclrtMalloc(ws, s)[1] if ws else None
+    assert A.aclDestroyTensor(dx) == A.ACLNN_SUCCESS
+    assert A.aclnnGridSampler2DBackward(buf, ws, ex, s) == A.ACLNN_ERR_PARAM_NULLPTR
+    assert "destroyed" in A.aclGetRecentErrMsg()
+    assert A.aclrtSynchronizeStream(s) == A.ACLNN_SUCCESS
+    # the stream still runs work
+    dx2 = A.aclCreateTensor(shape=(1, 2, 5, 5), dtype=np.float32)
+    st, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(go, x, g, 0, 0, False,
+                                                              A.aclCreateBoolArray([True, True]), dx2, dg)
+    buf = A.aclrtMalloc(ws, s)[1] if ws else None
+    assert A.aclnnGridSampler2DBackward(buf, ws, ex, s) == A.ACLNN_SUCCESS
+    assert A.aclrtSynchronizeStream(s) == A.ACLNN_SUCCESS
+    assert A.aclrtDestroyStream(s) == A.ACLNN_SUCCESS
