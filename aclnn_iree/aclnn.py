@@ -228,7 +228,11 @@ def aclrtMalloc(size, device="local-task"):
         raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, str(e)) from None
     except (TypeError, ValueError) as e:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, str(e)) from None
-    return E.ACLNN_SUCCESS, aclrtBuffer(dev, int(size))
+    try:
+        return E.ACLNN_SUCCESS, aclrtBuffer(dev, int(size))
+    except Exception as e:  # the allocator's out-of-memory and size errors
+        raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR,
+                         f"aclrtMalloc: could not allocate {int(size)} bytes on {dev.name}: {e}") from None
 
 
 @_status_call()

@@ -6,6 +6,7 @@ failing status becomes AclnnError.  So there is one code path for both layers.
 """
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -41,11 +42,22 @@ def _stream(device: str):
     return s
 
 
+# The aclnn layer's messages name aclnn parameters; this layer speaks PyTorch's names.
+_PYTORCH_NAMES = {
+    "gradOutput": "grad_output", "gradOut": "grad_output", "inputGrad": "grad_input", "gridGrad": "grad_grid",
+    "interpolationMode": "interpolation_mode", "paddingMode": "padding_mode", "alignCorners": "align_corners",
+    "outputMask": "output_mask", "outputSize": "output_size", "inputSize": "input_size",
+    "scalesH": "scales_h", "scalesW": "scales_w",
+}
+_NAME_RE = re.compile(r"\b(" + "|".join(_PYTORCH_NAMES) + r")\b")
+
+
 def _check(status):
     if status != ACLNN_SUCCESS:
         msg = A.aclGetRecentErrMsg()
         # The message already carries the status name and code.
-        raise AclnnError(status, msg.split(": ", 1)[1] if ": " in msg else msg)
+        msg = msg.split(": ", 1)[1] if ": " in msg else msg
+        raise AclnnError(status, _NAME_RE.sub(lambda m: _PYTORCH_NAMES[m.group(1)], msg))
 
 
 def _as_array(name, x) -> np.ndarray:
@@ -59,25 +71,57 @@ def _as_array(name, x) -> np.ndarray:
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} is not an array: {e}") from None
     if a.dtype == object:
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} is not a numeric array")
+    if not a.dtype.isnative:  # e.g. big-endian '>f4': the same values in this machine's byte order
+        a = a.astype(a.dtype.newbyteorder("="))
     return a
 
 
-def _host_tensor(dev, array, fmt="ND"):
-    """A device tensor over `array` (no copy on CPU devices when it is aligned and contiguous)."""
+_SUPPORTED = "supported: float16, bfloat16, float32, float64"
+_MAX_BYTES = 1 << 62  # beyond any real allocation; guards the size arithmetic
+
+
+def _host_tensor(dev, name, array, fmt="ND"):
+    """A device tensor over `array` (no copy on CPU devices when it is aligned, contiguous and
+    writable: IREE imports only writable memory, so a read-only array is copied)."""
     try:
+        if not array.flags.writeable:
+            array = np.array(array, order="C")
         return A._wrap_host(dev, np.ascontiguousarray(array), fmt)
     except KeyError:
-        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"dtype {array.dtype} is not supported; "
-                                                  "supported: float16, bfloat16, float32, float64") from None
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} has dtype {array.dtype}; {_SUPPORTED}") from None
+    except MemoryError:
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID,
+                         f"{name} of shape {array.shape} needs a contiguous copy of {array.nbytes} bytes, "
+                         "which cannot be allocated") from None
 
 
-def _output_tensor(dev, shape, dtype, fmt="ND"):
+def _output_tensor(dev, name, shape, dtype, fmt="ND"):
     """An uninitialised output tensor (imported host memory on CPU devices)."""
+    dtype = np.dtype(dtype)
+    nbytes = dtype.itemsize
+    for d in shape:
+        nbytes *= int(d)  # Python ints: no silent wrap-around
     try:
+        if nbytes > _MAX_BYTES:
+            raise MemoryError
         return A._wrap_host(dev, empty_aligned(shape, dtype), fmt)
     except KeyError:
-        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"dtype {np.dtype(dtype)} is not supported; "
-                                                  "supported: float16, bfloat16, float32, float64") from None
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"dtype {dtype} is not supported; {_SUPPORTED}") from None
+    except MemoryError:
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID,
+                         f"{name} of shape {tuple(shape)} needs {nbytes} bytes, which cannot be allocated") from None
+
+
+def _output_mask(output_mask) -> list:
+    """output_mask as two bools; anything else is an AclnnError (PyTorch's bool[2])."""
+    if output_mask is None:
+        raise AclnnError(ACLNN_ERR_PARAM_NULLPTR, "output_mask is None")
+    if isinstance(output_mask, (str, bytes)) or not hasattr(output_mask, "__len__"):
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"output_mask must be two bools, got {output_mask!r}")
+    values = list(output_mask)
+    if len(values) != 2 or not all(isinstance(v, (bool, np.bool_)) for v in values):
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"output_mask must be two bools, got {output_mask!r}")
+    return [bool(v) for v in values]
 
 
 def _mode(name, value, names: dict) -> int:
@@ -117,9 +161,7 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     Semantics: PyTorch 2.13 CPU (shared/SPEC.md part A).
     """
     go, x, g = _as_array("grad_output", grad_output), _as_array("input", input), _as_array("grid", grid)
-    if output_mask is None:
-        raise AclnnError(ACLNN_ERR_PARAM_NULLPTR, "output_mask is None")
-    mask = [bool(m) for m in output_mask]
+    mask = _output_mask(output_mask)
     interpolation_mode = _mode("interpolation_mode", interpolation_mode, INTERPOLATION_NAMES)
     padding_mode = _mode("padding_mode", padding_mode, PADDING_NAMES)
     stream = _stream(device)
@@ -127,13 +169,11 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     # The kernels write every element of a requested output (and the empty-input path
     # zero-fills it), so outputs start uninitialised.  A masked-out output still needs a
     # tensor of the right shape (aclnn requires both); on CPU devices it is never touched.
-    dx_t = _output_tensor(dev, x.shape, x.dtype)
-    dg_t = _output_tensor(dev, g.shape, g.dtype)
-    tensors = [_host_tensor(dev, a) for a in (go, x, g)]
+    tensors = [_host_tensor(dev, n, a) for n, a in (("grad_output", go), ("input", x), ("grid", g))]
+    dx_t = _output_tensor(dev, "grad_input", x.shape, x.dtype)
+    dg_t = _output_tensor(dev, "grad_grid", g.shape, g.dtype)
     status, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
-        *tensors, interpolation_mode, padding_mode, align_corners if isinstance(align_corners, bool) else
-        bool(align_corners) if isinstance(align_corners, (int, np.bool_)) else align_corners,
-        A.aclCreateBoolArray(mask), dx_t, dg_t)
+        *tensors, interpolation_mode, padding_mode, align_corners, A.aclCreateBoolArray(mask), dx_t, dg_t)
     _execute(stream, status, ws, ex, A.aclnnGridSampler2DBackward)
     return (dx_t.result() if mask[0] else None, dg_t.result() if mask[1] else None)
 
@@ -165,8 +205,8 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
     stream = _stream(device)
     dev = stream.device
     out_shape = isz.values if isz.size == 4 else (0, 0, 0, 0)
-    out = _output_tensor(dev, out_shape, go.dtype, memory_format)
-    gt = _host_tensor(dev, go, memory_format)
+    gt = _host_tensor(dev, "grad_output", go, memory_format)
+    out = _output_tensor(dev, "grad_input", out_shape, go.dtype, memory_format)
     status, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
         gt, osz, isz, align_corners, -1.0 if scales_h is None else scales_h,
         -1.0 if scales_w is None else scales_w, out)

@@ -587,7 +587,15 @@ def test_validation_known_case_grad_output_shape():
         gsb(np.zeros((1, 1, 1, 1), f), np.zeros((1, 1, 4, 4), f), np.zeros((1, 3, 3, 2), f), 0, 0, False)
     assert e.value.status == 161002
     msg = str(e.value)
-    assert "gradOutput" in msg and "(1, 1, 3, 3)" in msg, msg
+    assert "grad_output" in msg and "(1, 1, 3, 3)" in msg, msg  # the Pythonic layer uses PyTorch's names
+    # the aclnn layer names the aclnn parameter
+    from aclnn_iree import aclnn as A
+    ts = [A.aclCreateTensor(np.zeros(sh, f)) for sh in ((1, 1, 1, 1), (1, 1, 4, 4), (1, 3, 3, 2), (1, 1, 4, 4),
+                                                        (1, 3, 3, 2))]
+    status, _, _ = A.aclnnGridSampler2DBackwardGetWorkspaceSize(*ts[:3], 0, 0, False,
+                                                                A.aclCreateBoolArray([True, True]), *ts[3:])
+    assert status == 161002
+    assert "gradOutput" in A.aclGetRecentErrMsg() and "(1, 1, 3, 3)" in A.aclGetRecentErrMsg()
 
 
 def test_validation_valid_base_args_succeed():

@@ -89,3 +89,64 @@ def test_tensor_destroyed_between_the_phases(empty):
     assert A.aclnnGridSampler2DBackward(buf, ws, ex, s) == A.ACLNN_SUCCESS
     assert A.aclrtSynchronizeStream(s) == A.ACLNN_SUCCESS
     assert A.aclrtDestroyStream(s) == A.ACLNN_SUCCESS
+
+
+# Inputs that used to escape the Pythonic layer as a bare ValueError / MemoryError /
+# TypeError, or were accepted without a word.
+def _small():
+    f = np.float32
+    return np.ones((1, 1, 2, 2), f), np.ones((1, 1, 3, 3), f), np.zeros((1, 2, 2, 2), f)
+
+
+def test_read_only_arrays_are_accepted():
+    go, x, g = _small()
+    ro = np.frombuffer(x.tobytes(), np.float32).reshape(x.shape)
+    assert not ro.flags.writeable
+    dx, dg = aclnn_iree.grid_sampler_2d_backward(go, ro, g)
+    np.testing.assert_array_equal(dx, aclnn_iree.grid_sampler_2d_backward(go, x, g)[0])
+    go_ro = np.frombuffer(np.ones(16, np.float32).tobytes(), np.float32).reshape(1, 1, 4, 4)
+    assert aclnn_iree.upsample_bilinear2d_backward(go_ro, (4, 4), (1, 1, 2, 2)).shape == (1, 1, 2, 2)
+
+
+def test_big_endian_arrays_are_float32():
+    go, x, g = _small()
+    dx, _ = aclnn_iree.grid_sampler_2d_backward(go, x.astype(">f4"), g)
+    assert dx.dtype == np.float32
+
+
+@pytest.mark.parametrize("input_size", [(1, 1, 10**6, 10**6), (1, 1, 2**32, 2**32)])
+def test_unallocatable_output_is_an_aclnn_error(input_size):
+    with pytest.raises(AclnnError) as e:
+        aclnn_iree.upsample_bilinear2d_backward(np.ones((1, 1, 2, 2), np.float32), (2, 2), input_size)
+    assert e.value.status == 161002 and "grad_input" in str(e.value)
+
+
+@pytest.mark.parametrize("mask", [5, "ab", (None, None), (1, 0), np.array([[True, False]]), (True,),
+                                  (True, False, True)])
+def test_bad_output_mask_is_an_aclnn_error(mask):
+    with pytest.raises(AclnnError) as e:
+        aclnn_iree.grid_sampler_2d_backward(*_small(), output_mask=mask)
+    assert e.value.status == 161002 and "output_mask" in str(e.value)
+
+
+@pytest.mark.parametrize("op", ["grid", "upsample"])
+def test_align_corners_must_be_a_bool_in_both_ops(op):
+    with pytest.raises(AclnnError) as e:
+        if op == "grid":
+            aclnn_iree.grid_sampler_2d_backward(*_small(), align_corners=2)
+        else:
+            aclnn_iree.upsample_bilinear2d_backward(np.ones((1, 1, 4, 4), np.float32), (4, 4), (1, 1, 2, 2),
+                                                   align_corners=1)
+    assert e.value.status == 161002 and "align_corners" in str(e.value)
+
+
+def test_pythonic_messages_use_pytorch_names():
+    with pytest.raises(AclnnError) as e:
+        aclnn_iree.grid_sampler_2d_backward(*_small(), interpolation_mode=1.0)
+    assert "interpolation_mode" in str(e.value) and "interpolationMode" not in str(e.value)
+
+
+def test_huge_aclrtmalloc_is_a_runtime_error():
+    st, buf = A.aclrtMalloc(10**15, "local-task")
+    assert (st, buf) == (A.ACLNN_ERR_RUNTIME_ERROR, None)
+    assert "could not allocate" in A.aclGetRecentErrMsg()
