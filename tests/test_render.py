@@ -153,16 +153,17 @@ def test_interpolation_mode_code(spec):
     text = rendered(spec)
     cubic_a = re.search(r"arith\.constant -0\.75 : !ct", text) is not None
     if spec.interpolation_mode == "nearest":
-        assert "math.roundeven" in text  # round half to even (std::nearbyint)
+        # round half to even (std::nearbyint) by adding and subtracting 2^mantissa_bits
+        assert "math.copysign" in text and re.search(r"%xr_small = arith\.cmpf olt", text)
         assert not cubic_a
     elif spec.interpolation_mode == "bilinear":
         assert re.search(r"%x0 = math\.floor %ix", text) and re.search(r"%y0 = math\.floor %iy", text)
-        assert "math.roundeven" not in text
+        assert "%xr_small" not in text
         assert not cubic_a
     else:
         assert cubic_a  # the cubic convolution coefficient A = -0.75
         assert re.search(r"%x0 = math\.floor %ix", text)
-        assert "math.roundeven" not in text
+        assert "%xr_small" not in text
 
 
 REFLECT_CODE = re.compile(r"%\w+_span = arith\.addf")  # the reflect macro's period
