@@ -158,7 +158,13 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     Returns (grad_input or None, grad_grid or None), shaped like input and grid.
     Raises AclnnError (a ValueError) with .status 161001 for a None argument,
     161002 for an invalid one.  Runs on the IREE device `device`.
-    Semantics: PyTorch 2.13 CPU (shared/SPEC.md part A).
+    Semantics: PyTorch 2.13 CPU (README "Semantics").
+
+    Formulation (templates/grid_sampler_2d_backward.mlir.j2): grad_input is a
+    scatter-add, computed by workgroups that each own a block of 8 (c, n)
+    planes and add the contributions in a fixed order (parallel and
+    deterministic; IREE's scatter op would run serially); grad_grid is a gather
+    over C, fused into the same pass when both outputs are asked for.
     """
     go, x, g = _as_array("grad_output", grad_output), _as_array("input", input), _as_array("grid", grid)
     mask = _output_mask(output_mask)
@@ -189,6 +195,17 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
     satisfy H_out == floor(H_in * scales_h)).  dtypes float16,
     ml_dtypes.bfloat16, float32, float64.  Returns grad_input shaped
     input_size, in the same layout.  Raises AclnnError (.status 161001 / 161002).
+
+    Formulation (templates/upsample_bilinear2d_backward.mlir.j2): a gather, not a
+    scatter-add.  The forward's weights are separable, so a small dispatch per
+    axis tabulates for each input index the window of output positions whose
+    taps land on it (with PyTorch's own float expressions), and each grad_input
+    pixel sums its 2-D window: O(N*C*(H_out*W_out + H_in*W_in)) work when both
+    axes are up-sampled or both down-sampled (one up and one down costs up to
+    O(N*C*max(H_in*W_out, H_out*W_in))), no intermediate tensor, deterministic,
+    vectorised over C (NHWC) or W_out (NCHW).
+    A dense interpolation-matrix product would cost O(H_out*H_in) per column and
+    a scatter-add runs serially in IREE.
     """
     go = _as_array("grad_output", grad_output)
     for name, v in (("output_size", output_size), ("input_size", input_size)):
