@@ -111,6 +111,15 @@ def compiler_build() -> str:
     return _compiler_build_cache
 
 
+def target_folder(target) -> str:
+    """The store folder of a target: its name, plus the CPU for an llvm-cpu build for a
+    named CPU (`llvm-cpu-x86-64-v3`), so a portable build never replaces the host one."""
+    from .targets import TARGETS
+    if target.name == "llvm-cpu" and target.arch != TARGETS["llvm-cpu"].arch:
+        return f"llvm-cpu-{target.arch}"
+    return target.name
+
+
 def _atomic_write(path: str, data: bytes):
     """Writes `data` to `path` through a temporary file and os.replace (readers never see half a file)."""
     d = os.path.dirname(path)
@@ -266,10 +275,10 @@ class ArtifactStore:
 
     @staticmethod
     def artifact_id(spec, target) -> str:
-        return f"{target.name}/{spec.kernel_name}"
+        return f"{target_folder(target)}/{spec.kernel_name}"
 
     def paths(self, spec, target) -> dict:
-        base = os.path.join(self.root, target.name, spec.kernel_name)
+        base = os.path.join(self.root, target_folder(target), spec.kernel_name)
         return {"vmfb": base + ".vmfb", "mlir": base + ".mlir", "cmd": base + ".cmd"}
 
     # -- lookup ----------------------------------------------------------------

@@ -334,3 +334,19 @@ def test_wheel_contains_templates_and_subpackages(tmp_path):
         assert required in names, f"{required} missing from the wheel"
     ep = next(n for n in names if n.endswith("entry_points.txt"))
     assert "aclnn-iree = aclnn_iree.cli:main" in zipfile.ZipFile(wheels[0]).read(ep).decode()
+
+
+def test_named_cpu_build_does_not_replace_the_host_build(tmp_path):
+    """A portable build (--target-cpu x86-64-v3) lives in its own folder beside the host one."""
+    from aclnn_iree.compiler.targets import get_target
+    spec = GridSamplerSpec("nearest", "zeros", False, "float32")
+    st = ArtifactStore(tmp_path)
+    host, portable = get_target("llvm-cpu"), get_target("llvm-cpu", "x86-64-v3")
+    st.build_one(spec, host)
+    st.build_one(spec, portable)
+    assert st.paths(spec, host)["vmfb"] != st.paths(spec, portable)["vmfb"]
+    assert "llvm-cpu-x86-64-v3" in st.paths(spec, portable)["vmfb"]
+    assert st.lookup(spec, host) is not None and st.lookup(spec, portable) is not None
+    arts = st.manifest()["artifacts"]
+    assert arts[f"llvm-cpu/{spec.kernel_name}"]["target_cpu"] == "host"
+    assert arts[f"llvm-cpu-x86-64-v3/{spec.kernel_name}"]["target_cpu"] == "x86-64-v3"
