@@ -32,6 +32,8 @@ from .render import render, template_source
 __all__ = ["ArtifactStore", "artifact_key", "BuildResult", "host_cpu", "compiler_build", "parse_declaration"]
 
 MANIFEST = "manifest.json"
+_manifest_cache: dict = {}  # manifest path -> ((path, inode, mtime_ns, size), parsed manifest)
+_manifest_lock = threading.Lock()
 
 
 def _sha256(data: bytes) -> str:
@@ -258,13 +260,32 @@ class ArtifactStore:
 
     # -- manifest --------------------------------------------------------------
     def manifest(self) -> dict:
-        """The manifest ({"artifacts": {id: entry}}); empty when absent or unreadable."""
+        """The manifest ({"artifacts": {id: entry}}); empty when absent or unreadable.
+
+        A fresh copy each call: callers may change it.
+        """
+        path = os.path.join(self.root, MANIFEST)
         try:
-            with open(os.path.join(self.root, MANIFEST)) as f:
+            with open(path) as f:
                 m = json.load(f)
             return m if isinstance(m.get("artifacts"), dict) else {"artifacts": {}}
         except (OSError, ValueError, AttributeError):
             return {"artifacts": {}}
+
+    def _entry(self, spec, target):
+        """One artifact's manifest entry (read-only), parsing the manifest only when the file
+        changed (it is re-read on every lookup otherwise: ~5 ms for all artifacts)."""
+        path = os.path.join(self.root, MANIFEST)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = (path, st.st_ino, st.st_mtime_ns, st.st_size)  # os.replace gives a new inode
+        with _manifest_lock:
+            cached = _manifest_cache.get(path)
+            if cached is None or cached[0] != key:
+                cached = _manifest_cache[path] = (key, self.manifest())
+        return cached[1]["artifacts"].get(self.artifact_id(spec, target))
 
     def _update_manifest(self, entries: dict):
         with self._lock:
@@ -288,7 +309,7 @@ class ArtifactStore:
         Missing artifacts return None silently; a stale (key or compiler version
         changed) or corrupt (sha256 mismatch) one returns None with a warning.
         """
-        entry = self.manifest()["artifacts"].get(self.artifact_id(spec, target))
+        entry = self._entry(spec, target)
         path = self.paths(spec, target)["vmfb"]
         if entry is None or not os.path.exists(path):
             return None
@@ -308,7 +329,7 @@ class ArtifactStore:
 
     def status(self, spec, target) -> str:
         """"ok", "missing", "stale" or "corrupt": what lookup() would find, without warning or loading."""
-        entry = self.manifest()["artifacts"].get(self.artifact_id(spec, target))
+        entry = self._entry(spec, target)
         path = self.paths(spec, target)["vmfb"]
         if entry is None or not os.path.exists(path):
             return "missing"
