@@ -345,10 +345,10 @@ def _run(op, workspace, workspaceSize, executor, stream) -> int:
         ws_buffer = workspace.buffer
     else:
         ws_buffer = executor.device.placeholder
-    wait, signal = stream.next_fences()
     # Everything the call reads stays alive until the stream has passed it, even when a
     # single-use executor is released right below (e.g. the upsample's internal scales).
-    stream.retain(signal, (executor.keep, executor.views, ws_buffer, workspace))
+    wait, signal = stream.next_fences(retain=(executor.keep, executor.zero_fill, executor.views, ws_buffer,
+                                              workspace))
     try:
         if executor.kernel is not None:
             executor.kernel.launch(executor.views, ws_buffer, wait, signal)

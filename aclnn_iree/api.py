@@ -6,6 +6,7 @@ failing status becomes AclnnError.  So there is one code path for both layers.
 """
 from __future__ import annotations
 
+import math
 import re
 import threading
 
@@ -77,7 +78,6 @@ def _as_array(name, x) -> np.ndarray:
 
 
 _SUPPORTED = "supported: float16, bfloat16, float32, float64"
-_MAX_BYTES = 1 << 62  # beyond any real allocation; guards the size arithmetic
 
 
 def _host_tensor(dev, name, array, fmt="ND"):
@@ -98,16 +98,12 @@ def _host_tensor(dev, name, array, fmt="ND"):
 def _output_tensor(dev, name, shape, dtype, fmt="ND"):
     """An uninitialised output tensor (imported host memory on CPU devices)."""
     dtype = np.dtype(dtype)
-    nbytes = dtype.itemsize
-    for d in shape:
-        nbytes *= int(d)  # Python ints: no silent wrap-around
     try:
-        if nbytes > _MAX_BYTES:
-            raise MemoryError
         return A._wrap_host(dev, empty_aligned(shape, dtype), fmt)
     except KeyError:
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"dtype {dtype} is not supported; {_SUPPORTED}") from None
     except MemoryError:
+        nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
         raise AclnnError(ACLNN_ERR_PARAM_INVALID,
                          f"{name} of shape {tuple(shape)} needs {nbytes} bytes, which cannot be allocated") from None
 

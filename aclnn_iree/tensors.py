@@ -6,6 +6,7 @@ cuda); work on a stream is ordered by one IREE semaphore timeline.
 """
 from __future__ import annotations
 
+import math
 import threading
 
 import iree.runtime as rt
@@ -39,11 +40,21 @@ def aligned(array: np.ndarray, alignment: int = HOST_ALIGNMENT) -> np.ndarray:
     return out
 
 
+# Beyond any real allocation: a larger size is a MemoryError before NumPy sees it.
+MAX_HOST_BYTES = 1 << 62
+
+
 def empty_aligned(shape, dtype, alignment: int = 64) -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts on an `alignment`-byte boundary
-    (64 by default: outputs start on a cache line of their own)."""
+    (64 by default: outputs start on a cache line of their own).
+
+    Raises MemoryError when it cannot be allocated (sizes are multiplied as Python ints,
+    so a huge shape never wraps around to a small one).
+    """
     dtype = np.dtype(dtype)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
+    if nbytes > MAX_HOST_BYTES:
+        raise MemoryError(f"{nbytes} bytes")
     raw = np.empty(nbytes + alignment, np.uint8)
     start = (-raw.ctypes.data) % alignment
     return raw[start:start + nbytes].view(dtype).reshape(shape)
@@ -161,18 +172,18 @@ class aclrtStream:
         self._lock = threading.Lock()
         self._inflight = []  # (timeline value, objects the work reads) until the stream passes it
 
-    def next_fences(self):
-        """(wait, signal) fences for the next piece of work; advances the timeline."""
+    def next_fences(self, retain=()):
+        """(wait, signal) fences for the next piece of work; advances the timeline.
+
+        `retain`: objects the work reads, kept alive until the timeline reaches its signal.
+        """
+        self._prune()
         with self._lock:
             v = self.value
             self.value = v + 1
-        self._prune()
+            if retain:
+                self._inflight.append((v + 1, retain))
         return rt.HalFence.create_at(self.semaphore, v), rt.HalFence.create_at(self.semaphore, v + 1)
-
-    def retain(self, signal, objects):
-        """Keeps `objects` alive until the work that signals the current value has finished."""
-        with self._lock:
-            self._inflight.append((self.value, objects))
 
     def _prune(self):
         try:
@@ -180,7 +191,7 @@ class aclrtStream:
         except Exception:  # a failed timeline: keep everything until synchronize
             return
         with self._lock:
-            self._inflight = [(v, o) for v, o in self._inflight if v > done]
+            self._inflight = [(v, o) for v, o in self._inflight if v > done]  # v: the signal value
 
     def synchronize(self):
         """Blocks until all work enqueued so far has finished."""
