@@ -85,7 +85,7 @@ def artifact_key(spec, target) -> str:
     """
     fields = {
         "template": template_source(spec),
-        "params": spec.template_params(),
+        "params": spec.template_params(target),
         "flags": list(target.flags),
         "compiler": compiler_version(),
     }
@@ -346,7 +346,7 @@ class ArtifactStore:
 
         Raises aclnn_iree.compiler.CompileError when iree-compile fails.
         """
-        source = render(spec)
+        source = render(spec, target)
         p = self.paths(spec, target)
         t0 = time.perf_counter()
         vmfb, cmd = compile_mlir(source, target.flags, spec.kernel_name)
@@ -355,7 +355,7 @@ class ArtifactStore:
         _atomic_write(p["mlir"], source.encode())
         _atomic_write(p["cmd"], (shlex.join(cmd) + "\n").encode())
         _atomic_write(p["vmfb"], vmfb)
-        functions, exports = _module_exports(vmfb, spec.function_names)
+        functions, exports = _module_exports(vmfb, spec.function_names(target))
         tsrc = template_source(spec)
         entry = {
             "op": spec.op,
@@ -363,7 +363,7 @@ class ArtifactStore:
             "specialisation": {k: v for k, v in dataclasses.asdict(spec).items()},
             "template": spec.template,
             "template_sha256": _sha256(tsrc.encode()),
-            "template_params": spec.template_params(),
+            "template_params": spec.template_params(target),
             "functions": functions,
             "exports": exports,
             "target": target.name,

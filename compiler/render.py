@@ -25,9 +25,11 @@ def template_source(spec) -> str:
     return resources.files("aclnn_iree.templates").joinpath(spec.template).read_text()
 
 
-def render(spec) -> str:
-    """MLIR source of `spec`'s module (one `hal.executable.source` plus its exported functions)."""
-    return _environment().get_template(spec.template).render(**spec.template_params())
+def render(spec, target=None) -> str:
+    """MLIR source of `spec`'s module for `target` (default: a CPU target): one
+    `hal.executable.source` plus its exported functions.  GPU targets get the GPU
+    forms of the dispatches."""
+    return _environment().get_template(spec.template).render(**spec.template_params(target))
 
 
 def numbered(text: str) -> str:

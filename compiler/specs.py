@@ -30,6 +30,14 @@ UPSAMPLE_VECTOR_WIDTH = 8
 # Stack buffer of the upsample kernel's partial row (NCHW: W_out values; NHWC: C values).
 # Longer rows take a slower path.
 UPSAMPLE_ROW_BYTES = 16384
+# Invocations per workgroup of the GPU forms (a multiple of every subgroup size seen:
+# lavapipe's 8, NVIDIA's 32, AMD's 64).
+GPU_WORKGROUP_SIZE = 64
+# Output points one invocation of the deterministic GPU dx walks (each chunk adds into
+# its own copy of dx, so the workspace is ceil(H_out*W_out / this) copies of dx).
+GPU_POINT_CHUNK = 16384
+# Channels one invocation of the GPU dgrid sums before the ordered block reduction.
+GPU_CHANNEL_BLOCK = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,20 +106,39 @@ class GridSamplerSpec:
         ac = "ac1" if self.align_corners else "ac0"
         return f"{self.op}_{self.interpolation_mode}_{self.padding_mode}_{ac}_{DTYPES[self.dtype].short}"
 
-    def function_name(self, output_mask=(True, True)) -> str:
-        """The exported function computing the outputs selected by `output_mask`."""
-        suffix = {(True, True): "", (True, False): "_dx", (False, True): "_dgrid"}[tuple(map(bool, output_mask))]
+    def function_name(self, output_mask=(True, True), deterministic: bool = False, target=None) -> str:
+        """The exported function computing the outputs selected by `output_mask`.
+
+        CPU modules are always deterministic.  GPU modules (`target.is_gpu`) export
+        the dx-computing functions twice: the default (float atomics where the target
+        has them) and `..._deterministic` (a fixed summation order), picked by
+        `deterministic`.  dgrid alone is deterministic everywhere.
+        """
+        mask = tuple(map(bool, output_mask))
+        suffix = {(True, True): "", (True, False): "_dx", (False, True): "_dgrid"}[mask]
+        if deterministic and mask[0] and target is not None and target.is_gpu:
+            suffix += "_deterministic"
         return self.kernel_name + suffix
 
-    @property
-    def function_names(self) -> tuple:
-        return (self.kernel_name, self.kernel_name + "_dx", self.kernel_name + "_dgrid")
+    def function_names(self, target=None) -> tuple:
+        """Every function the module for `target` (default: a CPU target) exports."""
+        names = (self.kernel_name, self.kernel_name + "_dx", self.kernel_name + "_dgrid")
+        if target is not None and target.is_gpu:
+            names += (self.kernel_name + "_deterministic", self.kernel_name + "_dx_deterministic")
+        return names
 
-    def template_params(self) -> dict:
+    def template_params(self, target=None) -> dict:
+        """The template's parameters for `target` (default: a CPU target)."""
         d = DTYPES[self.dtype]
-        return dict(kernel_name=self.kernel_name, mode=self.interpolation_mode, padding=self.padding_mode,
-                    align_corners=self.align_corners, storage_type=d.storage, compute_type=d.compute,
-                    accum_type=d.accum, ct_inf_hex=d.compute_inf_hex, channel_block=GRID_DX_CHANNEL_BLOCK)
+        gpu = target is not None and target.is_gpu
+        params = dict(kernel_name=self.kernel_name, mode=self.interpolation_mode, padding=self.padding_mode,
+                      align_corners=self.align_corners, storage_type=d.storage, compute_type=d.compute,
+                      accum_type=d.accum, ct_inf_hex=d.compute_inf_hex, channel_block=GRID_DX_CHANNEL_BLOCK,
+                      gpu=gpu, gpu_workgroup=GPU_WORKGROUP_SIZE, gpu_point_chunk=GPU_POINT_CHUNK,
+                      atomic_dx=gpu and d.accum in target.float_atomics)
+        if self.interpolation_mode != "nearest":  # nearest has no grid gradient to compute
+            params["gpu_channel_block"] = GPU_CHANNEL_BLOCK
+        return params
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,17 +165,19 @@ class UpsampleSpec:
         ac = "ac1" if self.align_corners else "ac0"
         return f"{self.op}_{self.layout.lower()}_{ac}_{DTYPES[self.dtype].short}"
 
-    def function_name(self, output_mask=None) -> str:
+    def function_name(self, output_mask=None, deterministic: bool = False, target=None) -> str:
+        """The exported function (a gather: deterministic on every target)."""
         return self.kernel_name
 
-    @property
-    def function_names(self) -> tuple:
+    def function_names(self, target=None) -> tuple:
         return (self.kernel_name,)
 
-    def template_params(self) -> dict:
+    def template_params(self, target=None) -> dict:
+        """The template's parameters for `target` (default: a CPU target)."""
         d = DTYPES[self.dtype]
         params = dict(kernel_name=self.kernel_name, align_corners=self.align_corners, layout=self.layout,
-                      storage_type=d.storage, compute_type=d.compute, vector_width=UPSAMPLE_VECTOR_WIDTH)
+                      storage_type=d.storage, compute_type=d.compute, vector_width=UPSAMPLE_VECTOR_WIDTH,
+                      gpu=target is not None and target.is_gpu, gpu_workgroup=GPU_WORKGROUP_SIZE)
         params["row_cap"] = UPSAMPLE_ROW_BYTES // (8 if d.compute == "f64" else 4)
         return params
 

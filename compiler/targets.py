@@ -9,9 +9,12 @@ __all__ = ["Target", "TARGETS", "target_for_driver", "get_target"]
 _COMMON = ("--iree-input-demote-f64-to-f32=false",)
 
 # Features that gave right answers for f32/f16/bf16/f64 on Mesa's lavapipe (shared/IREE-NOTES.md).
+# Plus f32 atomic add (SPV_EXT_shader_atomic_float_add), which lavapipe and desktop
+# GPUs have; f64 atomic add is rarer (lavapipe lacks it), so f64 dx is ordered there.
 VULKAN_PORTABLE_FEATURES = (
     "spirv:v1.3,cap:Shader,cap:Float16,cap:Float64,cap:Int16,cap:Int64,"
-    "cap:StorageBuffer16BitAccess,ext:SPV_KHR_16bit_storage,ext:SPV_KHR_storage_buffer_storage_class"
+    "cap:StorageBuffer16BitAccess,ext:SPV_KHR_16bit_storage,ext:SPV_KHR_storage_buffer_storage_class,"
+    "ext:SPV_EXT_shader_atomic_float_add,cap:AtomicFloat32AddEXT"
 )
 
 
@@ -26,6 +29,16 @@ class Target:
     name: str
     driver: str
     arch: str
+
+    @property
+    def is_gpu(self) -> bool:
+        """GPU targets get the GPU forms of the kernels (one invocation per work item)."""
+        return self.name in ("vulkan-spirv", "cuda")
+
+    @property
+    def float_atomics(self) -> frozenset:
+        """Element types the target can add atomically in device memory."""
+        return {"vulkan-spirv": frozenset({"f32"}), "cuda": frozenset({"f32", "f64"})}.get(self.name, frozenset())
 
     @property
     def flags(self) -> tuple:
