@@ -25,6 +25,7 @@ place.  No function here raises: failures return a status code and
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 
@@ -35,6 +36,7 @@ from . import errors as E
 from . import validation as V
 from .compiler.compile import CompileError
 from .compiler.specs import GridSamplerSpec, UpsampleSpec
+from .compiler.targets import target_for_driver
 from .errors import AclnnError
 from .runtime.device import DeviceUnavailable
 from .runtime.kernels import load_module
@@ -49,6 +51,8 @@ __all__ = [
     "aclDestroyAclOpExecutor", "aclnnGridSampler2DBackwardGetWorkspaceSize", "aclnnGridSampler2DBackward",
     "aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize", "aclnnUpsampleBilinear2dBackwardV2",
     "aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer",
+    "ACL_OPT_DETERMINISTIC", "aclrtContext", "aclrtCreateContext", "aclrtSetCurrentContext",
+    "aclrtGetCurrentContext", "aclrtDestroyContext", "aclrtCtxSetSysParamOpt", "aclrtCtxGetSysParamOpt",
 ]
 # The status codes are part of this module's namespace too (aclnn.ACLNN_SUCCESS, ...).
 globals().update({name: code for code, name in E.STATUS_NAMES.items()})
@@ -396,12 +400,6 @@ def _phase1(build):
 
 def _load_kernel(device, spec, function_name):
     """The kernel of a specialisation on a device, with load failures as status codes."""
-    if not device.is_host:
-        # The dispatches are written for CPU workgroups (one thread each); GPU forms
-        # (one thread per point, atomics or an ordered mode) are not built yet.
-        raise AclnnError(E.ACLNN_ERR_INNER_FIND_KERNEL_ERROR,
-                         f"no kernels for device {device.name!r} yet: only the CPU devices local-task and "
-                         "local-sync run these operators (GPU targets are planned, not validated)")
     try:
         return load_module(device, spec).kernel(function_name)
     except ArtifactMissing as e:
@@ -417,6 +415,117 @@ def _workspace_size(kernel, views) -> int:
         return kernel.workspace_size(views)
     except Exception as e:
         raise AclnnError(E.ACLNN_ERR_INNER_CREATE_EXECUTOR, f"workspace size query failed: {e}") from None
+
+
+# ----------------------------------------------------------------------------- contexts
+ACL_OPT_DETERMINISTIC = 0  # aclSysParamOpt: 1 = deterministic computation (aclnn's name and value)
+
+
+class aclrtContext:
+    """An aclrt context: the system options (aclSysParamOpt -> int64) that phase 1 reads.
+
+    As in aclnn, a context is current per thread (aclrtSetCurrentContext); threads
+    that never set one share the process's default context.
+    """
+
+    def __init__(self):
+        self.options = {ACL_OPT_DETERMINISTIC: 0}
+        self.destroyed = False
+
+    def __repr__(self):
+        return f"aclrtContext(deterministic={self.options[ACL_OPT_DETERMINISTIC]})"
+
+
+_default_context = aclrtContext()
+_ctx_tls = threading.local()
+
+
+def current_context() -> aclrtContext:
+    """The calling thread's current context (the default context unless one was set)."""
+    return getattr(_ctx_tls, "context", None) or _default_context
+
+
+@contextlib.contextmanager
+def scoped_determinism(deterministic):
+    """Within the block, the calling thread's phase-1 calls see ACL_OPT_DETERMINISTIC =
+    `deterministic` (None: leave the current context as it is).  For the Pythonic layer."""
+    if deterministic is None:
+        yield
+        return
+    ctx = aclrtContext()
+    ctx.options[ACL_OPT_DETERMINISTIC] = int(bool(deterministic))
+    prev = getattr(_ctx_tls, "context", None)
+    _ctx_tls.context = ctx
+    try:
+        yield
+    finally:
+        _ctx_tls.context = prev
+
+
+@_status_call(failure_extra=(None,))
+def aclrtCreateContext(deviceId: int = 0):
+    """(status, aclrtContext): a new context, made current for the calling thread (as in aclnn).
+
+    deviceId is accepted for aclnn compatibility; devices are chosen per tensor/stream here.
+    """
+    ctx = aclrtContext()
+    _ctx_tls.context = ctx
+    return E.ACLNN_SUCCESS, ctx
+
+
+@_status_call()
+def aclrtSetCurrentContext(context) -> int:
+    """Makes `context` the calling thread's current context; 161002 for a destroyed or non-context."""
+    if not isinstance(context, aclrtContext) or context.destroyed:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"context must be a live aclrtContext, got {context!r}")
+    _ctx_tls.context = context
+    return E.ACLNN_SUCCESS
+
+
+@_status_call(failure_extra=(None,))
+def aclrtGetCurrentContext():
+    """(status, the calling thread's current aclrtContext)."""
+    return E.ACLNN_SUCCESS, current_context()
+
+
+@_status_call()
+def aclrtDestroyContext(context) -> int:
+    """Destroys `context`; threads it was current on fall back to the default context."""
+    if not isinstance(context, aclrtContext) or context is _default_context or context.destroyed:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"cannot destroy {context!r}")
+    context.destroyed = True
+    if getattr(_ctx_tls, "context", None) is context:
+        _ctx_tls.context = None
+    return E.ACLNN_SUCCESS
+
+
+def _check_opt(opt):
+    if isinstance(opt, bool) or opt not in (ACL_OPT_DETERMINISTIC,):
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"unknown aclSysParamOpt {opt!r}; known: ACL_OPT_DETERMINISTIC (0)")
+
+
+@_status_call()
+def aclrtCtxSetSysParamOpt(opt, value) -> int:
+    """Sets a system option of the current context, as aclnn's aclrtCtxSetSysParamOpt.
+
+    ACL_OPT_DETERMINISTIC = 1: operators whose GPU kernels would add with float
+    atomics (grid sampler dx) use an order-fixed form instead, so results are
+    bitwise reproducible; 0 (default): the faster atomic form.  CPU kernels are
+    always deterministic.  Applies to phase-1 calls made afterwards.  Returns
+    ACLNN_SUCCESS, or 161002 for an unknown option or a value other than 0/1.
+    """
+    _check_opt(opt)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) not in (0, 1):
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"ACL_OPT_DETERMINISTIC takes 0 or 1, got {value!r}")
+    current_context().options[opt] = int(value)
+    return E.ACLNN_SUCCESS
+
+
+@_status_call(failure_extra=(None,))
+def aclrtCtxGetSysParamOpt(opt):
+    """(status, value) of a system option of the current context."""
+    _check_opt(opt)
+    return E.ACLNN_SUCCESS, current_context().options[opt]
 
 
 # ----------------------------------------------------------------------------- grid sampler
@@ -450,7 +559,8 @@ def aclnnGridSampler2DBackwardGetWorkspaceSize(gradOutput, input, grid, interpol
         return aclOpExecutor(GRID_SAMPLER_OP, dev, zero_fill=outputs)
     spec = GridSamplerSpec(V.INTERPOLATION_NAMES[interpolationMode], V.PADDING_NAMES[paddingMode],
                            bool(alignCorners), input.dtype.name)
-    kernel = _load_kernel(dev, spec, spec.function_name(mask))
+    deterministic = bool(current_context().options[ACL_OPT_DETERMINISTIC])
+    kernel = _load_kernel(dev, spec, spec.function_name(mask, deterministic, target_for_driver(dev.name)))
     views = [gradOutput.view, input.view, grid.view] + [t.view for t in outputs]
     keep = (gradOutput, input, grid, *outputs)
     return aclOpExecutor(GRID_SAMPLER_OP, dev, kernel, views, _workspace_size(kernel, views), keep=keep)

@@ -141,7 +141,7 @@ def _execute(stream, status, ws_size, executor, run):
 
 
 def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, padding_mode=0, align_corners=False,
-                             output_mask=(True, True), *, device: str = "local-task"):
+                             output_mask=(True, True), *, device: str = "local-task", deterministic=None):
     """Gradients of grid_sample w.r.t. input and grid (torch.ops.aten.grid_sampler_2d_backward).
 
     grad_output: (N, C, H_out, W_out); input: (N, C, H_in, W_in); grid:
@@ -153,7 +153,12 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     (compute grad_input, compute grad_grid).
     Returns (grad_input or None, grad_grid or None), shaped like input and grid.
     Raises AclnnError (a ValueError) with .status 161001 for a None argument,
-    161002 for an invalid one.  Runs on the IREE device `device`.
+    161002 for an invalid one.  Runs on the IREE device `device` ("local-task",
+    "local-sync", "vulkan", "cuda").  deterministic: True for bitwise
+    reproducible results on GPUs (an order-fixed grad_input instead of float
+    atomics), False for the atomic form, None (default) for the current
+    context's ACL_OPT_DETERMINISTIC (see aclnn.aclrtCtxSetSysParamOpt); CPU
+    devices are always deterministic.
     Semantics: PyTorch 2.13 CPU (README "Semantics").
 
     Formulation (templates/grid_sampler_2d_backward.mlir.j2): grad_input is a
@@ -174,8 +179,9 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     tensors = [_host_tensor(dev, n, a) for n, a in (("grad_output", go), ("input", x), ("grid", g))]
     dx_t = _output_tensor(dev, "grad_input", x.shape, x.dtype)
     dg_t = _output_tensor(dev, "grad_grid", g.shape, g.dtype)
-    status, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
-        *tensors, interpolation_mode, padding_mode, align_corners, A.aclCreateBoolArray(mask), dx_t, dg_t)
+    with A.scoped_determinism(deterministic):
+        status, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
+            *tensors, interpolation_mode, padding_mode, align_corners, A.aclCreateBoolArray(mask), dx_t, dg_t)
     _execute(stream, status, ws, ex, A.aclnnGridSampler2DBackward)
     return (dx_t.result() if mask[0] else None, dg_t.result() if mask[1] else None)
 
