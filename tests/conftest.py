@@ -1,17 +1,71 @@
-"""Shared pytest configuration: Hypothesis profiles.
+"""Shared pytest configuration: Hypothesis profiles and the device parametrisation.
 
-"ci" (the default): derandomized, so a CI run is reproducible; 300 examples
-per property (tests/test_properties.py spreads them over its parametrisations);
-no deadline (kernels compile on first use); print_blob so a failure prints the
-reproduction blob.  "dev": 10x the examples, randomized.  Select with
-HYPOTHESIS_PROFILE=dev.
+Hypothesis: "ci" (the default): derandomized, so a CI run is reproducible; 300
+examples per property (tests/test_properties.py spreads them over its
+parametrisations); no deadline (kernels compile on first use); print_blob so a
+failure prints the reproduction blob.  "dev": 10x the examples, randomized.
+Select with HYPOTHESIS_PROFILE=dev.
+
+Devices: a test module that uses the `device` fixture (the numerical suites do,
+through an autouse fixture) runs once per IREE device in DEVICES: the CPU
+(local-task) and Vulkan (on a machine without a GPU, Mesa's lavapipe, which
+.ci/run installs).  A missing Vulkan device skips those tests with the reason,
+except under CI=true, where it fails them: CI must test Vulkan for real.
+ACLNN_IREE_TEST_DEVICES="local-task" (comma-separated) narrows the list.
 """
+import functools
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
+# function_scoped_fixture: the autouse device fixture is the same for every example.
+_SUPPRESS = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture]
 settings.register_profile("ci", derandomize=True, max_examples=300, deadline=None, print_blob=True,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+                          suppress_health_check=_SUPPRESS)
 settings.register_profile("dev", derandomize=False, max_examples=3000, deadline=None, print_blob=True,
-                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+                          suppress_health_check=_SUPPRESS)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+DEVICES = tuple(d for d in os.environ.get("ACLNN_IREE_TEST_DEVICES", "local-task,vulkan").split(",") if d)
+
+
+@functools.lru_cache(maxsize=None)
+def device_missing(name: str):
+    """None when an IREE device `name` can be created here, else the reason it cannot."""
+    from aclnn_iree.runtime.device import DeviceUnavailable, get_device
+    try:
+        get_device(name)
+    except DeviceUnavailable as e:
+        return str(e)
+    return None
+
+
+def require_device(name: str):
+    """Skips (fails under CI=true) the calling test when device `name` is missing."""
+    reason = device_missing(name)
+    if reason is None:
+        return
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"CI must run the suite on {name}, but: {reason} "
+                    "(.ci/run installs Mesa's lavapipe: apt-get install -y mesa-vulkan-drivers libvulkan1)")
+    pytest.skip(f"no {name} device here: {reason}")
+
+
+@pytest.fixture(scope="session", params=DEVICES)
+def device(request):
+    """The IREE device a numerical test runs on (one test instance per device)."""
+    require_device(request.param)
+    return request.param
+
+
+def on_device(device: str):
+    """(grid_sampler_2d_backward, upsample_bilinear2d_backward) of the Pythonic layer bound to
+    `device`; on GPUs the grid sampler runs in the deterministic mode only when asked."""
+    from aclnn_iree import api
+    return (functools.partial(api.grid_sampler_2d_backward, device=device),
+            functools.partial(api.upsample_bilinear2d_backward, device=device))
+
+
+def is_gpu(device: str) -> bool:
+    return device.split(":", 1)[0] in ("vulkan", "cuda")

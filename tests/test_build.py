@@ -102,9 +102,9 @@ def test_manifest_has_every_field(built_store):
         assert e["template"] == s.template
         assert e["key"] == build_mod.artifact_key(s, TARGET)
         # every exported function, with its argument and result signature
-        expected = set(s.function_names) | {n + "_transients_size" for n in s.function_names}
+        expected = set(s.function_names()) | {n + "_transients_size" for n in s.function_names()}
         assert set(e["functions"]) == expected == set(e["exports"])
-        for name in s.function_names:
+        for name in s.function_names():
             x = e["exports"][name]
             assert x["abi_model"] == "coarse-fences"
             assert e["functions"][name].startswith(f"async func @{name}(")
@@ -179,7 +179,7 @@ def test_failed_compile_is_reported_and_the_others_go_on(tmp_path, monkeypatch, 
     broken = GRID_SPECS[1]
     real = build_mod.render
     monkeypatch.setattr(build_mod, "render",
-                        lambda s: "util.func public @oops( {\n" if s == broken else real(s))
+                        lambda s, t=None: "util.func public @oops( {\n" if s == broken else real(s, t))
     st = ArtifactStore(tmp_path / "store")
     res = st.build(GRID_SPECS, [TARGET], jobs=2, progress=False)
     assert res.compiled == 1 and len(res.failed) == 1
@@ -195,10 +195,10 @@ def test_template_that_does_not_render_is_reported(tmp_path, monkeypatch):
     import jinja2
     real = build_mod.render
 
-    def render(s):
+    def render(s, t=None):
         if s == GRID_SPECS[1]:
             raise jinja2.TemplateNotFound(s.template)
-        return real(s)
+        return real(s, t)
 
     monkeypatch.setattr(build_mod, "render", render)
     res = ArtifactStore(tmp_path).build(GRID_SPECS, [TARGET], jobs=2, progress=False)
@@ -209,7 +209,7 @@ def test_template_that_does_not_render_is_reported(tmp_path, monkeypatch):
 def test_cli_build_exit_status_on_failure(tmp_path, monkeypatch, capsys):
     broken = GRID_SPECS[1]
     real = build_mod.render
-    monkeypatch.setattr(build_mod, "render", lambda s: "not mlir at all\n" if s == broken else real(s))
+    monkeypatch.setattr(build_mod, "render", lambda s, t=None: "not mlir at all\n" if s == broken else real(s, t))
     rc = cli.main(["build", "--op", "grid_sampler_2d_backward", "--dtype", "float32", "--kernel", "*bilinear_*_ac0*",
                    "--out", str(tmp_path), "--jobs", "2", "--no-progress"])
     out, err = capsys.readouterr()

@@ -88,8 +88,17 @@ import pytest
 
 from aclnn_iree import aclnn as A
 from aclnn_iree import api
+from conftest import on_device
 from aclnn_iree import reference as ref
 from aclnn_iree.errors import ACLNN_ERR_PARAM_INVALID, AclnnError
+
+
+@pytest.fixture(autouse=True)
+def _on_device(device, monkeypatch):
+    """Every test of this module runs on each device of conftest.DEVICES."""
+    gsb, usb = on_device(device)
+    monkeypatch.setattr(api, "grid_sampler_2d_backward", gsb)
+    monkeypatch.setattr(api, "upsample_bilinear2d_backward", usb)
 
 try:
     import torch

@@ -79,7 +79,16 @@ from hypothesis.errors import InvalidArgument
 from hypothesis.extra import numpy as hnp
 
 from aclnn_iree import api
+from conftest import on_device
 from aclnn_iree import reference as ref
+
+
+@pytest.fixture(autouse=True)
+def _on_device(device, monkeypatch):
+    """Every test of this module runs on each device of conftest.DEVICES."""
+    gsb, usb = on_device(device)
+    monkeypatch.setattr(api, "grid_sampler_2d_backward", gsb)
+    monkeypatch.setattr(api, "upsample_bilinear2d_backward", usb)
 
 try:  # the oracle of SPEC part A.1; without it only the reference comparison runs
     import torch

@@ -15,6 +15,7 @@ from importlib import resources
 import jinja2
 import pytest
 
+from aclnn_iree.compiler.targets import get_target
 from aclnn_iree.compiler.specs import (DTYPES, INTERPOLATION_MODES, PADDING_MODES, GridSamplerSpec, UpsampleSpec,
                                       all_specs)
 
@@ -53,10 +54,10 @@ def exported_functions(text) -> dict:
 
 
 def _check_exports(spec, text):
-    for name in spec.function_names:
+    for name in spec.function_names():
         assert f"util.func public @{name}(" in text, name
     funcs = exported_functions(text)
-    assert set(funcs) == set(spec.function_names), "exactly the spec's functions are public"
+    assert set(funcs) == set(spec.function_names()), "exactly the spec's functions are public"
     for name, m in funcs.items():
         assert 'iree.abi.model = "coarse-fences"' in m["attrs"], name
         assert "iree.abi.transients" in m["args"], name
@@ -109,7 +110,7 @@ def test_rendering_is_deterministic():
 def test_grid_sampler_kernel_names_exact(args, name):
     spec = GridSamplerSpec(*args)
     assert spec.kernel_name == name
-    assert spec.function_names == (name, name + "_dx", name + "_dgrid")
+    assert spec.function_names() == (name, name + "_dx", name + "_dgrid")
     assert spec.function_name((True, True)) == name
     assert spec.function_name((True, False)) == name + "_dx"
     assert spec.function_name((False, True)) == name + "_dgrid"
@@ -122,7 +123,7 @@ def test_grid_sampler_kernel_names_exact(args, name):
 def test_upsample_kernel_names_exact(args, name):
     spec = UpsampleSpec(*args)
     assert spec.kernel_name == name
-    assert spec.function_names == (name,)
+    assert spec.function_names() == (name,)
 
 
 def test_kernel_and_function_names_are_unique():
@@ -130,7 +131,7 @@ def test_kernel_and_function_names_are_unique():
     assert len(specs) == len(INTERPOLATION_MODES) * len(PADDING_MODES) * 2 * len(DTYPES) + 2 * len(DTYPES) * 2
     names = [s.kernel_name for s in specs]
     assert len(set(names)) == len(names)
-    funcs = [f for s in specs for f in s.function_names]
+    funcs = [f for s in specs for f in s.function_names()]
     assert len(set(funcs)) == len(funcs)
 
 
@@ -215,8 +216,8 @@ RENDER_PARAM_SPECS = [GridSamplerSpec("bilinear", "zeros", False, "float32"),
                       GridSamplerSpec("bicubic", "reflection", True, "float64")]
 
 
-def _render_without(spec, param, misspelt=True):
-    params = spec.template_params()
+def _render_without(spec, param, misspelt=True, target=None):
+    params = spec.template_params(target)
     value = params.pop(param)
     if misspelt:
         params[param + "_"] = value  # e.g. "padding_" instead of "padding"
@@ -227,10 +228,19 @@ GRID_PARAM_CASES = [pytest.param(spec, param, id=f"{spec.kernel_name}-{param}")
                     for spec in RENDER_PARAM_SPECS for param in spec.template_params()]
 
 
+def _raises_for_some_target(spec, param) -> bool:
+    """A parameter is used by the CPU or the GPU form (or both): misspelt, it must fail one."""
+    for target in (None, get_target("vulkan-spirv")):
+        try:
+            _render_without(spec, param, target=target)
+        except jinja2.UndefinedError:
+            return True
+    return False
+
+
 @pytest.mark.parametrize("spec,param", GRID_PARAM_CASES)
 def test_misspelt_grid_sampler_parameter_raises(spec, param):
-    with pytest.raises(jinja2.UndefinedError):
-        _render_without(spec, param)
+    assert _raises_for_some_target(spec, param)
 
 
 UPSAMPLE_PARAM_CASES = [
@@ -242,8 +252,7 @@ UPSAMPLE_PARAM_CASES = [
 def test_misspelt_upsample_parameter_raises(param):
     _need_upsample_template()
     for spec in (UpsampleSpec(True, "float16", "NHWC"), UpsampleSpec(False, "float32", "NCHW")):
-        with pytest.raises(jinja2.UndefinedError):
-            _render_without(spec, param)
+        assert _raises_for_some_target(spec, param)
 
 
 def test_environment_is_strict():
@@ -296,3 +305,19 @@ def test_offsets_are_64_bit(spec):
 def test_upsample_offsets_are_64_bit(spec):
     _need_upsample_template()
     _check_64bit_conversions(rendered(spec))
+
+
+# ----------------------------------------------------------------------------------------
+# GPU forms
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("spec", list(all_specs()), ids=lambda s: s.kernel_name)
+def test_gpu_forms_render_with_their_exports(spec):
+    vk = get_target("vulkan-spirv")
+    text = render_mod.render(spec, vk)
+    funcs = re.findall(r"util\.func public @(\w+)\(", text)
+    assert set(funcs) == set(spec.function_names(vk))
+    assert "gpu.thread_id x" in text and "translation_info = #gpu_ti" in text
+    assert "hal.interface.workgroup.id" in text
+    # no CPU workgroup code (vector ops, stack buffers) in the GPU form
+    assert "vector." not in text and "memref.alloca" not in text
+    assert text != render_mod.render(spec)

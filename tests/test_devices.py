@@ -1,0 +1,229 @@
+"""GPU targets (issue 8): Vulkan run for real (Mesa's lavapipe in CI), CUDA compiled.
+
+The numerical suites (test_grid_sampler, test_dtypes, test_properties) already run
+on every device of conftest.DEVICES.  This module adds what is specific to GPUs:
+cross-device agreement within the dtype's bound, the deterministic mode and its
+switch (aclrtCtxSetSysParamOpt / deterministic=), many contributions on few
+pixels, every artifact compiling for vulkan-spirv and cuda, and the status a
+missing CUDA driver gives.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from aclnn_iree import aclnn as A
+from aclnn_iree import api
+from aclnn_iree import reference as ref
+from aclnn_iree.compiler.build import ArtifactStore
+from aclnn_iree.compiler.specs import GridSamplerSpec, all_specs
+from aclnn_iree.compiler.targets import get_target
+from aclnn_iree.errors import AclnnError
+from conftest import device_missing, require_device
+from test_grid_sampler import error_bounds, random_case
+
+VULKAN = "vulkan"
+EPS32 = float(np.finfo(np.float32).eps)
+COMBOS = list(itertools.product((0, 1, 2), (0, 1, 2), (False, True)))
+
+
+@pytest.fixture(scope="module")
+def vulkan():
+    require_device(VULKAN)
+    return VULKAN
+
+
+def _bounded_equal(actual, expected, bound, what):
+    err = np.abs(actual.astype(np.float64) - expected.astype(np.float64))
+    worst = np.unravel_index(np.argmax(err - bound), err.shape)
+    assert np.all(err <= bound), f"{what}: |diff| {err[worst]:.3e} > bound {bound[worst]:.3e} at {worst}"
+
+
+# ----------------------------------------------------------------------------------------
+# Cross-device agreement: both modes on Vulkan against the CPU, within twice the f32 bound
+# (each result is within the bound of the exact value).
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("mode,pad,ac", COMBOS, ids=[f"m{m}p{p}ac{int(a)}" for m, p, a in COMBOS])
+def test_grid_sampler_vulkan_agrees_with_cpu(vulkan, mode, pad, ac, deterministic):
+    rng = np.random.default_rng(mode * 10 + pad * 2 + ac)
+    go, x, grid = random_case(rng, (2, 5, 9, 11, 7, 8))
+    cpu = api.grid_sampler_2d_backward(go, x, grid, mode, pad, ac)
+    gpu = api.grid_sampler_2d_backward(go, x, grid, mode, pad, ac, device=vulkan, deterministic=deterministic)
+    b_dx, b_dg = error_bounds(go, x, grid, mode, pad, ac, EPS32)
+    _bounded_equal(gpu[0], cpu[0], 2 * b_dx, "grad_input")
+    _bounded_equal(gpu[1], cpu[1], 2 * b_dg, "grad_grid")
+
+
+@pytest.mark.parametrize("ac,layout", list(itertools.product((False, True), ("NCHW", "NHWC"))))
+@pytest.mark.parametrize("sizes", [((13, 17), (6, 5)), ((5, 6), (13, 17)), ((40, 1), (1, 3))],
+                         ids=["down", "up", "mixed"])
+def test_upsample_vulkan_agrees_with_cpu(vulkan, ac, layout, sizes):
+    (ho, wo), (h, w) = sizes
+    rng = np.random.default_rng(ho * wo + h)
+    n, c = 2, 3
+    shape = (n, c, ho, wo) if layout == "NCHW" else (n, ho, wo, c)
+    isz = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
+    go = rng.standard_normal(shape).astype(np.float32)
+    cpu = api.upsample_bilinear2d_backward(go, (ho, wo), isz, ac, memory_format=layout)
+    gpu = api.upsample_bilinear2d_backward(go, (ho, wo), isz, ac, memory_format=layout, device=vulkan)
+    # Each dx element sums at most K_H * K_W terms |w dy| with |w| <= 1 (sum |terms| <= absum):
+    # the sum adds <= K_H K_W eps absum; each 1-D weight comes from a source coordinate
+    # src = r (o + 1/2) - 1/2 computed in float32, off by <= 3 eps max(H, W), which moves
+    # the weight by as much: <= 2 * 2 * 3 eps max(H, W) per term for the product of two.
+    k = (2 * -(-ho // h) + 2) * (2 * -(-wo // w) + 2) + 12 * max(h, w) + 4
+    nchw = go if layout == "NCHW" else go.transpose(0, 3, 1, 2)
+    exact = ref.upsample_bilinear2d_backward(nchw.astype(np.float64), (ho, wo), (n, c, h, w), ac)
+    absum = ref.upsample_bilinear2d_backward(np.abs(nchw).astype(np.float64), (ho, wo), (n, c, h, w), ac)
+    if layout == "NHWC":
+        exact, absum = exact.transpose(0, 2, 3, 1), absum.transpose(0, 2, 3, 1)
+    bound = k * EPS32 * absum
+    _bounded_equal(cpu, exact, bound, "cpu upsample")
+    _bounded_equal(gpu, exact, bound, "vulkan upsample")
+
+
+# ----------------------------------------------------------------------------------------
+# Many contributions on few pixels: > 100,000 output points land on the same 2x2 pixels.
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic", "deterministic"])
+@pytest.mark.parametrize("mode", [0, 2], ids=["bilinear", "bicubic"])
+def test_more_than_100000_contributions_on_few_pixels(vulkan, mode, deterministic):
+    n, c, h, w, ho, wo = 1, 2, 6, 6, 320, 330  # 105,600 points, several chunks of the ordered form
+    rng = np.random.default_rng(3)
+    go = rng.uniform(0.5, 1.5, (n, c, ho, wo)).astype(np.float32)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    grid = np.empty((n, ho, wo, 2), np.float32)
+    grid[..., 0] = 0.05  # between pixels 2 and 3 (align_corners=False)
+    grid[..., 1] = -0.1
+    dx, dg = api.grid_sampler_2d_backward(go, x, grid, mode, 0, False, device=vulkan, deterministic=deterministic)
+    rdx, rdg = ref.grid_sampler_2d_backward(go.astype(np.float64), x.astype(np.float64),
+                                            grid.astype(np.float64), mode, 0, False)
+    cnt = ho * wo
+    absdx, _ = ref.grid_sampler_2d_backward(np.abs(go).astype(np.float64), x.astype(np.float64),
+                                            grid.astype(np.float64), mode, 0, False)
+    # summation in any order of cnt terms (recursive or chunked): <= cnt * eps * sum|terms|,
+    # plus the weights' own rounding (a few eps relative).
+    _bounded_equal(dx, rdx, (cnt + 16) * EPS32 * np.abs(absdx) + 1e-30, "grad_input")
+    assert np.count_nonzero(dx) <= c * 16 and np.abs(rdx).max() > cnt * 0.1
+    b_dx, b_dg = error_bounds(go, x, grid, mode, 0, False, EPS32)
+    _bounded_equal(dg, rdg, b_dg, "grad_grid")
+
+
+def test_deterministic_mode_is_bitwise_reproducible(vulkan):
+    rng = np.random.default_rng(9)
+    go, x, grid = random_case(rng, (2, 8, 5, 6, 64, 70))
+    grid = (grid * 0.2).astype(np.float32)  # many points per pixel
+    runs = [api.grid_sampler_2d_backward(go, x, grid, 0, 2, True, device=vulkan, deterministic=True)
+            for _ in range(3)]
+    for r in runs[1:]:
+        for k in range(2):
+            assert np.array_equal(r[k].view(np.uint32), runs[0][k].view(np.uint32))
+
+
+# ----------------------------------------------------------------------------------------
+# The switch: aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC) picks the exported function.
+# ----------------------------------------------------------------------------------------
+def _phase1_function(device, mask=(True, True)):
+    go, x, grid = (np.ones(s, np.float32) for s in ((1, 1, 2, 2), (1, 1, 3, 3), (1, 2, 2, 2)))
+    ts = [A.aclCreateTensor(a, device=device) for a in (go, x, grid, x, grid)]
+    status, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
+        *ts[:3], 0, 0, False, A.aclCreateBoolArray(list(mask)), *ts[3:])
+    assert status == A.ACLNN_SUCCESS, A.aclGetRecentErrMsg()
+    return ex.kernel.name
+
+
+def test_context_option_selects_the_deterministic_kernel(vulkan):
+    status, ctx = A.aclrtCreateContext(0)
+    assert status == A.ACLNN_SUCCESS
+    try:
+        assert A.aclrtCtxGetSysParamOpt(A.ACL_OPT_DETERMINISTIC) == (A.ACLNN_SUCCESS, 0)
+        assert not _phase1_function(vulkan).endswith("_deterministic")
+        assert A.aclrtCtxSetSysParamOpt(A.ACL_OPT_DETERMINISTIC, 1) == A.ACLNN_SUCCESS
+        assert A.aclrtCtxGetSysParamOpt(A.ACL_OPT_DETERMINISTIC) == (A.ACLNN_SUCCESS, 1)
+        assert _phase1_function(vulkan).endswith("_bilinear_zeros_ac0_f32_deterministic")
+        assert _phase1_function(vulkan, (True, False)).endswith("_dx_deterministic")
+        assert _phase1_function(vulkan, (False, True)).endswith("_dgrid")  # deterministic anyway
+        # CPU kernels are deterministic: the same function either way.
+        assert _phase1_function("local-task").endswith("_bilinear_zeros_ac0_f32")
+    finally:
+        assert A.aclrtDestroyContext(ctx) == A.ACLNN_SUCCESS
+    # back on the default context, which was never changed
+    assert A.aclrtCtxGetSysParamOpt(A.ACL_OPT_DETERMINISTIC) == (A.ACLNN_SUCCESS, 0)
+
+
+def test_context_option_is_per_thread_current_context():
+    import threading
+    status, ctx = A.aclrtCreateContext(0)
+    assert status == A.ACLNN_SUCCESS
+    try:
+        assert A.aclrtCtxSetSysParamOpt(A.ACL_OPT_DETERMINISTIC, 1) == A.ACLNN_SUCCESS
+        seen = {}
+        t = threading.Thread(target=lambda: seen.update(v=A.aclrtCtxGetSysParamOpt(A.ACL_OPT_DETERMINISTIC)))
+        t.start()
+        t.join()
+        assert seen["v"] == (A.ACLNN_SUCCESS, 0)  # another thread: the default context
+        assert A.aclrtSetCurrentContext(ctx) == A.ACLNN_SUCCESS
+    finally:
+        assert A.aclrtDestroyContext(ctx) == A.ACLNN_SUCCESS
+    assert A.aclrtSetCurrentContext(ctx) == A.ACLNN_ERR_PARAM_INVALID  # destroyed
+    assert "aclrtContext" in A.aclGetRecentErrMsg()
+
+
+@pytest.mark.parametrize("opt,value", [(7, 1), (A.ACL_OPT_DETERMINISTIC, 2), (A.ACL_OPT_DETERMINISTIC, "1"),
+                                       (A.ACL_OPT_DETERMINISTIC, True), ("ACL_OPT_DETERMINISTIC", 1)])
+def test_bad_context_option_is_invalid(opt, value):
+    assert A.aclrtCtxSetSysParamOpt(opt, value) == A.ACLNN_ERR_PARAM_INVALID
+    assert A.aclGetRecentErrMsg()
+    assert A.aclrtCtxGetSysParamOpt(A.ACL_OPT_DETERMINISTIC) == (A.ACLNN_SUCCESS, 0)
+
+
+def test_pythonic_deterministic_argument_leaves_the_context_alone(vulkan):
+    rng = np.random.default_rng(2)
+    go, x, grid = random_case(rng, (1, 3, 5, 5, 4, 4))
+    api.grid_sampler_2d_backward(go, x, grid, device=vulkan, deterministic=True)
+    assert A.aclrtCtxGetSysParamOpt(A.ACL_OPT_DETERMINISTIC) == (A.ACLNN_SUCCESS, 0)
+
+
+# ----------------------------------------------------------------------------------------
+# Every specialisation compiles for both GPU targets; CUDA is absent here and says so.
+# ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("target", ["vulkan-spirv", "cuda"])
+def test_every_gpu_artifact_compiles(tmp_path, target):
+    t = get_target(target)
+    specs = list(all_specs())
+    store = ArtifactStore(tmp_path)
+    res = store.build(specs, [t], progress=False)
+    assert res.failed == [] and res.compiled == len(specs) == 88
+    manifest = store.manifest()["artifacts"]
+    for s in specs:
+        entry = manifest[f"{target}/{s.kernel_name}"]
+        assert entry["flags"] == list(t.flags)
+        assert set(s.function_names(t)) <= set(entry["functions"])
+        assert not any(f.endswith("_deterministic") for f in entry["functions"]) or s.op == "grid_sampler_2d_backward"
+    arch_flag = "--iree-cuda-target=sm_80" if target == "cuda" else "--iree-vulkan-target-features="
+    assert any(f.startswith(arch_flag) for f in t.flags)
+
+
+def test_gpu_modules_export_both_modes():
+    vk, cuda, cpu = get_target("vulkan-spirv"), get_target("cuda"), get_target("llvm-cpu")
+    s = GridSamplerSpec("bilinear", "zeros", False)
+    assert s.function_names(cpu) == (s.kernel_name, s.kernel_name + "_dx", s.kernel_name + "_dgrid")
+    assert set(s.function_names(vk)) - set(s.function_names(cpu)) == {
+        s.kernel_name + "_deterministic", s.kernel_name + "_dx_deterministic"}
+    # f64 atomics: CUDA has them, the portable Vulkan profile does not
+    assert s.template_params(vk)["atomic_dx"] and s.template_params(cuda)["atomic_dx"]
+    s64 = GridSamplerSpec("bilinear", "zeros", False, "float64")
+    assert not s64.template_params(vk)["atomic_dx"] and s64.template_params(cuda)["atomic_dx"]
+    assert not s.template_params(cpu)["gpu"]
+
+
+@pytest.mark.skipif(device_missing("cuda") is None, reason="a CUDA device is present: see scripts/gpu_check.sh")
+def test_missing_cuda_gives_a_runtime_error_status():
+    status, stream = A.aclrtCreateStream("cuda")
+    assert (status, stream) == (A.ACLNN_ERR_RUNTIME_ERROR, None)
+    assert "cuda" in A.aclGetRecentErrMsg().lower()
+    with pytest.raises(AclnnError) as e:
+        api.grid_sampler_2d_backward(*random_case(np.random.default_rng(0), (1, 1, 2, 2, 2, 2)), device="cuda")
+    assert e.value.status == A.ACLNN_ERR_RUNTIME_ERROR and "cuda" in str(e.value).lower()
