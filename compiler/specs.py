@@ -27,7 +27,7 @@ LAYOUTS = ("NCHW", "NHWC")
 GRID_DX_CHANNEL_BLOCK = 8
 # Lanes of the NHWC upsample kernel's loads and FMAs along C (masked at the tail).
 UPSAMPLE_VECTOR_WIDTH = 8
-# Stack buffer of the upsample kernel's partial row (NCHW: W_out values; NHWC: C values).
+# Stack buffer of the NCHW upsample kernel's partial row (W_out values).
 # Longer rows take a slower path.
 UPSAMPLE_ROW_BYTES = 16384
 # Invocations per workgroup of the GPU forms (a multiple of every subgroup size seen:
@@ -178,7 +178,8 @@ class UpsampleSpec:
         params = dict(kernel_name=self.kernel_name, align_corners=self.align_corners, layout=self.layout,
                       storage_type=d.storage, compute_type=d.compute, vector_width=UPSAMPLE_VECTOR_WIDTH,
                       gpu=target is not None and target.is_gpu, gpu_workgroup=GPU_WORKGROUP_SIZE)
-        params["row_cap"] = UPSAMPLE_ROW_BYTES // (8 if d.compute == "f64" else 4)
+        if self.layout == "NCHW":  # the NCHW kernel's stack row (NHWC keeps its sums in registers)
+            params["row_cap"] = UPSAMPLE_ROW_BYTES // (8 if d.compute == "f64" else 4)
         return params
 
 

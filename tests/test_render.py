@@ -244,15 +244,15 @@ def test_misspelt_grid_sampler_parameter_raises(spec, param):
 
 
 UPSAMPLE_PARAM_CASES = [
-    pytest.param(p, id=p)
-    for p in UpsampleSpec(True, "float16", "NHWC").template_params()]
+    pytest.param(spec, p, id=f"{spec.layout}-{p}")
+    for spec in (UpsampleSpec(True, "float16", "NHWC"), UpsampleSpec(False, "float32", "NCHW"))
+    for p in spec.template_params()]
 
 
-@pytest.mark.parametrize("param", UPSAMPLE_PARAM_CASES)
-def test_misspelt_upsample_parameter_raises(param):
+@pytest.mark.parametrize("spec,param", UPSAMPLE_PARAM_CASES)
+def test_misspelt_upsample_parameter_raises(spec, param):
     _need_upsample_template()
-    for spec in (UpsampleSpec(True, "float16", "NHWC"), UpsampleSpec(False, "float32", "NCHW")):
-        assert _raises_for_some_target(spec, param)
+    assert _raises_for_some_target(spec, param)
 
 
 def test_environment_is_strict():
