@@ -1,7 +1,7 @@
 """`aclnn-iree` (also `python -m aclnn_iree`): build the kernels ahead of time, list them, run the demo.
 
     aclnn-iree build [--target llvm-cpu ...] [--op OP ...] [--dtype float32 ...] [--kernel GLOB ...]
-                     [--jobs N] [--out DIR] [--target-cpu CPU]
+                     [--jobs N] [--out DIR] [--target-cpu CPU] [--gpu-arch ARCH]
     aclnn-iree list  [--dir DIR] [--target ...] [--op ...] [--dtype ...] [--target-cpu CPU] [-v]
     aclnn-iree demo  [--out DIR] [--quick]
 
@@ -33,10 +33,11 @@ def _specs(ops, dtypes, kernels):
     return specs
 
 
-def _targets(names, target_cpu):
+def _targets(names, target_cpu, gpu_arch=None):
     from .compiler.targets import get_target
     names = list(dict.fromkeys(names))
-    return [get_target(n, target_cpu if (target_cpu and n == "llvm-cpu") else None) for n in names]
+    arch = {"llvm-cpu": target_cpu, "vulkan-spirv": gpu_arch, "cuda": gpu_arch}
+    return [get_target(n, arch.get(n) or None) for n in names]
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -54,7 +55,7 @@ def _cmd_build(args) -> int:
     if not specs:
         print("error: no specialisation matches the given --op/--dtype/--kernel", file=sys.stderr)
         return 2
-    targets = _targets(args.target or ["llvm-cpu"], args.target_cpu)
+    targets = _targets(args.target or ["llvm-cpu"], args.target_cpu, args.gpu_arch)
     if args.target_cpu and not any(t.name == "llvm-cpu" for t in targets):
         print("warning: --target-cpu only applies to the llvm-cpu target", file=sys.stderr)
     out = os.path.abspath(args.out or _default_dir())
@@ -88,7 +89,7 @@ def _cmd_list(args) -> int:
     from .compiler.targets import TARGETS
     d = os.path.abspath(args.dir or _default_dir())
     specs = _specs(args.op, args.dtype, args.kernel)
-    targets = _targets(args.target or list(TARGETS), args.target_cpu)
+    targets = _targets(args.target or list(TARGETS), args.target_cpu, args.gpu_arch)
     store = ArtifactStore(d)
     manifest = store.manifest()["artifacts"]
     print(f"artifacts in {d}" + ("" if os.path.isdir(d) else " (directory does not exist)"))
@@ -157,6 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="llvm-cpu: the CPU to compile for (default 'host', this machine's CPU; name one, "
                              "e.g. x86-64-v3, for portable modules; the runtime uses the default target's "
                              "artifacts, so non-default ones are for embedding elsewhere)")
+        sp.add_argument("--gpu-arch", metavar="ARCH",
+                        help="vulkan-spirv / cuda: a named GPU architecture instead of the default "
+                             "(vulkan-spirv: IREE's profiles, e.g. ampere, rdna3, valhall, whose dx uses the "
+                             "ordered form (no float atomics in those profiles); cuda: e.g. sm_86); "
+                             "built into <target>-<arch>/, for embedding elsewhere")
 
     b = sub.add_parser("build", help="compile every specialisation ahead of time (default target llvm-cpu)",
                        description="Render and compile every specialisation for the chosen targets.")

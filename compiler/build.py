@@ -115,10 +115,13 @@ def compiler_build() -> str:
 
 def target_folder(target) -> str:
     """The store folder of a target: its name, plus the CPU for an llvm-cpu build for a
-    named CPU (`llvm-cpu-x86-64-v3`), so a portable build never replaces the host one."""
+    named CPU (`llvm-cpu-x86-64-v3`) or the GPU architecture of a GPU build for a named
+    one (`vulkan-spirv-ampere`), so such builds never replace the default ones."""
     from .targets import TARGETS
     if target.name == "llvm-cpu" and target.arch != TARGETS["llvm-cpu"].arch:
         return f"llvm-cpu-{target.arch}"
+    if target.name != "llvm-cpu" and target.arch != TARGETS[target.name].arch:
+        return f"{target.name}-{target.arch}"  # a named GPU architecture (--gpu-arch)
     return target.name
 
 

@@ -38,7 +38,11 @@ class Target:
     @property
     def float_atomics(self) -> frozenset:
         """Element types the target can add atomically in device memory."""
-        return {"vulkan-spirv": frozenset({"f32"}), "cuda": frozenset({"f32", "f64"})}.get(self.name, frozenset())
+        if self.name == "cuda":
+            return frozenset({"f32", "f64"})
+        if self.name == "vulkan-spirv" and "AtomicFloat32AddEXT" in self.arch:
+            return frozenset({"f32"})  # IREE's named GPU profiles (ampere, rdna3, ...) lack it
+        return frozenset()
 
     @property
     def flags(self) -> tuple:

@@ -21,18 +21,21 @@ from aclnn_iree.compiler.build import ArtifactStore
 from aclnn_iree.compiler.specs import GridSamplerSpec, all_specs
 from aclnn_iree.compiler.targets import get_target
 from aclnn_iree.errors import AclnnError
-from conftest import device_missing, require_device
+from conftest import DEVICES, device_missing, is_gpu, require_device
 from test_grid_sampler import error_bounds, random_case
 
-VULKAN = "vulkan"
+# The GPU devices under test: vulkan (lavapipe in CI), or what ACLNN_IREE_TEST_DEVICES names
+# (scripts/gpu_check.sh: cuda).
+GPUS = [d for d in DEVICES if is_gpu(d)] or ["vulkan"]
 EPS32 = float(np.finfo(np.float32).eps)
 COMBOS = list(itertools.product((0, 1, 2), (0, 1, 2), (False, True)))
 
 
-@pytest.fixture(scope="module")
-def vulkan():
-    require_device(VULKAN)
-    return VULKAN
+@pytest.fixture(scope="module", params=GPUS)
+def vulkan(request):
+    """A GPU device (named for the one CI tests: Mesa's lavapipe Vulkan)."""
+    require_device(request.param)
+    return request.param
 
 
 def _bounded_equal(actual, expected, bound, what):
@@ -143,6 +146,9 @@ def test_context_option_selects_the_deterministic_kernel(vulkan):
         assert A.aclrtCtxSetSysParamOpt(A.ACL_OPT_DETERMINISTIC, 1) == A.ACLNN_SUCCESS
         assert A.aclrtCtxGetSysParamOpt(A.ACL_OPT_DETERMINISTIC) == (A.ACLNN_SUCCESS, 1)
         assert _phase1_function(vulkan).endswith("_bilinear_zeros_ac0_f32_deterministic")
+        A.aclrtCtxSetSysParamOpt(A.ACL_OPT_DETERMINISTIC, 0)
+        assert _phase1_function(vulkan).endswith("_bilinear_zeros_ac0_f32")
+        A.aclrtCtxSetSysParamOpt(A.ACL_OPT_DETERMINISTIC, 1)
         assert _phase1_function(vulkan, (True, False)).endswith("_dx_deterministic")
         assert _phase1_function(vulkan, (False, True)).endswith("_dgrid")  # deterministic anyway
         # CPU kernels are deterministic: the same function either way.
@@ -227,3 +233,14 @@ def test_missing_cuda_gives_a_runtime_error_status():
     with pytest.raises(AclnnError) as e:
         api.grid_sampler_2d_backward(*random_case(np.random.default_rng(0), (1, 1, 2, 2, 2, 2)), device="cuda")
     assert e.value.status == A.ACLNN_ERR_RUNTIME_ERROR and "cuda" in str(e.value).lower()
+
+
+def test_named_gpu_arch_builds_into_its_own_folder(tmp_path, capsys):
+    from aclnn_iree import cli
+    rc = cli.main(["build", "--target", "vulkan-spirv", "--gpu-arch", "ampere", "--kernel", "*bilinear_zeros_ac0_f32",
+                   "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0, capsys.readouterr()
+    entry = ArtifactStore(tmp_path).manifest()["artifacts"]["vulkan-spirv-ampere/grid_sampler_2d_backward_bilinear_zeros_ac0_f32"]
+    assert entry["target_arch"] == "ampere" and "--iree-vulkan-target=ampere" in entry["flags"]
+    assert not entry["template_params"]["atomic_dx"]  # IREE's named profiles have no float atomics
+    assert (tmp_path / "vulkan-spirv-ampere" / "grid_sampler_2d_backward_bilinear_zeros_ac0_f32.vmfb").exists()

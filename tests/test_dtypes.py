@@ -14,6 +14,7 @@ storage dtype.  For every element:
 
     |stored - ref| <= BOUND_FACTOR * max(eps_d/2 * |ref|, tiny_d/2)      (1)
                       + gamma(n + K_TERM) * S                             (2)
+                      + A                                                 (3)
 
 (1) the final rounding: half an ulp of the stored value is at most
     eps_d/2 * |value| (eps_d = 2**-10 for float16, 2**-7 for bfloat16), with a
@@ -34,8 +35,11 @@ storage dtype.  For every element:
     |input| and |weights|; n is the exact number of terms summed into that
     element (taps that land on it, times C for dgrid).
     The weights are not exact inputs but are themselves computed in float32
-    from float32 coordinates, which gives an *absolute* weight error alpha
-    (not relative, so it is added to |w_i| inside S):
+    from float32 coordinates, which gives an *absolute* weight error alpha:
+    a term w_i * g_i is then off by alpha * |g_i| before any rounding, so
+    (3) A = sum_i alpha * |g_i| (times |input| and the multiplier for dgrid)
+    is added to the bound as it is (it is not a rounding of the sum, so it is
+    not scaled by gamma; the roundings of the terms stay in (2)):
       * coordinate error delta <= 8 * u32 * (max|coordinate| + 2), u32 = 2**-24:
         unnormalise is 3 roundings ((x+1), *size, -1; /2 is exact),
         reflection adds at most 4 ((+0.5), floor(d/span)*span, d - that, -0.5);
@@ -151,11 +155,11 @@ def overflow_threshold(dtype) -> float:
     return float(fi.max) + float(fi.eps) * top / 2
 
 
-def error_bound(ref_out, S, n, dtype):
-    """Per-element bound (1) + (2) of the module docstring, and the float32 part (2) alone."""
+def error_bound(ref_out, S, n, A, dtype):
+    """Per-element bound (1) + (2) + (3) of the module docstring, and the float32 part (2) + (3) alone."""
     fi = ml_dtypes.finfo(dtype)
     half_ulp = np.maximum(float(fi.eps) / 2 * np.abs(ref_out), float(fi.smallest_subnormal) / 2)
-    e32 = gamma(np.asarray(n) + K_TERM) * S
+    e32 = gamma(np.asarray(n) + K_TERM) * S + A
     return BOUND_FACTOR * half_ulp + e32, e32
 
 
@@ -166,12 +170,12 @@ def _classify(ref_out, e32, dtype):
     return a + e32 < thr, a - e32 >= thr
 
 
-def check_half(out, ref_out, S, n, dtype, what=""):
+def check_half(out, ref_out, S, n, A, dtype, what=""):
     """Asserts the float16/bfloat16 bound elementwise; returns max(error / bound) over finite elements."""
     assert out.dtype == np.dtype(dtype), f"{what}: result dtype {out.dtype}, expected {_name(dtype)}"
     assert out.shape == ref_out.shape, f"{what}: shape {out.shape} != {ref_out.shape}"
     o = out.astype(np.float64)
-    bound, e32 = error_bound(ref_out, S, n, dtype)
+    bound, e32 = error_bound(ref_out, S, n, A, dtype)
     fin, inf = _classify(ref_out, e32, dtype)
     if inf.any():
         bad = ~(np.isinf(o) & (np.sign(o) == np.sign(ref_out))) & inf
@@ -218,9 +222,10 @@ def _grid_alphas(mode, delta):
 
 
 def grid_abs_sums(go, x, grid, mode, pad, ac):
-    """S and n of every dx and dgrid element: the reference taps run with |go|, |x| and |weights| + alpha.
+    """S, n and A of every dx and dgrid element: the reference taps run with |go|, |x| and
+    |weights| (S), their count (n), and with the weight errors alpha instead of |weights| (A).
 
-    Returns {"dx": (S, n), "dgrid": (S, n)} with float64 arrays shaped like the outputs.
+    Returns {"dx": (S, n, A), "dgrid": (S, n, A)} with float64 arrays shaped like the outputs.
     """
     go, x, grid = (np.asarray(a, np.float64) for a in (go, x, grid))
     N, C, H, W = x.shape
@@ -234,21 +239,26 @@ def grid_abs_sums(go, x, grid, mode, pad, ac):
     ax = np.abs(x).transpose(0, 2, 3, 1)  # (N, H, W, C)
     nb = np.broadcast_to(np.arange(N).reshape(N, 1, 1), (N, Ho, Wo))
     s_dx = np.zeros((N, H, W, C))
+    a_dx = np.zeros((N, H, W, C))
     n_dx = np.zeros((N, H, W))
     s_dg = np.zeros((N, Ho, Wo, 2))
+    a_dg = np.zeros((N, Ho, Wo, 2))
     n_dg = np.zeros((N, Ho, Wo))
     for yi, xi, valid, w, dwx, dwy in taps:
         idx = (nb[valid], yi[valid], xi[valid])
-        np.add.at(s_dx, idx, (np.abs(w[valid]) + alpha_w)[:, None] * ago[valid])
+        np.add.at(s_dx, idx, np.abs(w[valid])[:, None] * ago[valid])
+        np.add.at(a_dx, idx, alpha_w * ago[valid])
         np.add.at(n_dx, idx, 1.0)
         vg = np.where(valid, np.einsum("nhwc,nhwc->nhw", ax[nb, yi, xi], ago), 0.0)
-        s_dg[..., 0] += (np.abs(dwx) + alpha_dw) * vg
-        s_dg[..., 1] += (np.abs(dwy) + alpha_dw) * vg
+        s_dg[..., 0] += np.abs(dwx) * vg
+        s_dg[..., 1] += np.abs(dwy) * vg
+        a_dg += alpha_dw * vg[..., None]
         n_dg += valid
-    s_dg[..., 0] *= np.abs(mx)
-    s_dg[..., 1] *= np.abs(my)
-    return {"dx": (s_dx.transpose(0, 3, 1, 2), n_dx[:, None]),
-            "dgrid": (s_dg, (n_dg * C)[..., None])}
+    for d, m in ((0, mx), (1, my)):
+        s_dg[..., d] *= np.abs(m)
+        a_dg[..., d] *= np.abs(m)
+    return {"dx": (s_dx.transpose(0, 3, 1, 2), n_dx[:, None], a_dx.transpose(0, 3, 1, 2)),
+            "dgrid": (s_dg, (n_dg * C)[..., None], a_dg)}
 
 
 @dataclasses.dataclass
@@ -428,10 +438,10 @@ class UpsampleCase:
         Ah, Aw = self.matrices()
         Mh, Mw = _dilated_support(Ah), _dilated_support(Aw)
         delta_h, delta_w = 4 * U32 * (H + 1), 4 * U32 * (W + 1)
-        S = (ref.upsample_bilinear2d_backward(ag, osz, isz, self.ac)
-             + (delta_h + delta_w) * np.einsum("oh,ncop,pw->nchw", Mh, ag, Mw))
+        S = ref.upsample_bilinear2d_backward(ag, osz, isz, self.ac)
+        A = (delta_h + delta_w) * np.einsum("oh,ncop,pw->nchw", Mh, ag, Mw)
         n = Mh.sum(0)[:, None] * Mw.sum(0)[None, :]
-        return {"dx": (S, n)}
+        return {"dx": (S, n, A)}
 
 
 UPSAMPLE_SIZES = {  # direction -> kind -> (input_hw, output_hw)
@@ -502,8 +512,8 @@ def dtype_error_report(cases, dtypes=HALF_DTYPES, *, with_torch=True) -> list[di
             for out in case.outputs:
                 r = refs[out]
                 if sums is not None:
-                    S, n = sums[out]
-                    bound, e32 = error_bound(r, S, n, dtype)
+                    S, n, A = sums[out]
+                    bound, e32 = error_bound(r, S, n, A, dtype)
                     keep, _ = _classify(r, e32, dtype)
                 else:
                     bound, keep = None, np.ones(r.shape, bool)
@@ -613,8 +623,8 @@ def test_grid_sampler_half_coordinates_need_float32(pad, ac, dtype):
     grid_h = np.stack([normalise(ix_h, W), normalise(iy_h, H)], -1)
     dx_h, _ = ref.grid_sampler_2d_backward(go, x, grid_h, ref.INTERP_BILINEAR, pad, ac)
     dx_ref = case.reference(dtype)["dx"]
-    S, n = case.abs_sums(dtype)["dx"]
-    bound, _ = error_bound(dx_ref, S, n, dtype)
+    S, n, A = case.abs_sums(dtype)["dx"]
+    bound, _ = error_bound(dx_ref, S, n, A, dtype)
     assert np.any(np.abs(dx_h - dx_ref) > bound), "a half-precision coordinate should break the bound"
 
 
@@ -663,8 +673,8 @@ def test_upsample_many_contributions(ac, layout, dtype):
     assert np.max(np.abs(dx_ref)) > 3e4 and np.max(np.abs(dx_ref)) < 65504
     Ah, Aw = case.matrices()
     emulated = _emulate_storage_accumulation(go.astype(np.float64), Ah, Aw, dtype)
-    S, n = case.abs_sums(dtype)["dx"]
-    bound, _ = error_bound(dx_ref, S, n, dtype)
+    S, n, A = case.abs_sums(dtype)["dx"]
+    bound, _ = error_bound(dx_ref, S, n, A, dtype)
     assert np.max(np.abs(emulated - dx_ref) / bound) > 2, f"{dtype.name} accumulation should break the bound"
 
 
