@@ -129,13 +129,26 @@ def _mode(name, value, names: dict) -> int:
     return value
 
 
-def _execute(stream, status, ws_size, executor, run):
-    """Allocates the workspace phase 1 asked for, runs phase 2 and waits for it."""
-    _check(status)
-    workspace = None
-    if ws_size > 0:
-        st, workspace = A.aclrtMalloc(ws_size, stream)
+def _workspace(stream, ws_size):
+    """This thread's workspace on the stream's device, grown to `ws_size` bytes when needed.
+
+    Kept between calls: a fresh multi-megabyte allocation would cost its page faults on
+    every call.  Safe because every call synchronizes its stream before returning."""
+    cache = getattr(_tls, "workspaces", None)
+    if cache is None:
+        cache = _tls.workspaces = {}
+    ws = cache.get(stream.device)
+    if ws is None or ws.size < ws_size:
+        st, ws = A.aclrtMalloc(ws_size, stream)
         _check(st)
+        cache[stream.device] = ws
+    return ws
+
+
+def _execute(stream, status, ws_size, executor, run):
+    """Takes the workspace phase 1 asked for, runs phase 2 and waits for it."""
+    _check(status)
+    workspace = _workspace(stream, ws_size) if ws_size > 0 else None
     _check(run(workspace, ws_size, executor, stream))
     _check(A.aclrtSynchronizeStream(stream))
 
