@@ -72,6 +72,22 @@ def _median_time(fn, repeats: int, warmup: int = 2) -> float:
     return float(np.median(ts))
 
 
+def _interleaved_medians(fns: dict, repeats: int, warmup: int = 2) -> dict:
+    """Median seconds of each function, timed in round-robin (one run of each per round) so
+    that every candidate sees the same machine: on a shared host the speed drifts over
+    seconds, and timing one candidate after the other would put that drift into the ratio."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    ts = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            ts[k].append(time.perf_counter() - t)
+    return {k: float(np.median(v)) for k, v in ts.items()}
+
+
 def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 10) -> float:
     """Host memory copy bandwidth in GB/s (bytes read + written), one NumPy copy."""
     src = np.ones(nbytes // 4, np.float32)
@@ -162,17 +178,19 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None) -> dict:
     rng = rng or np.random.default_rng(0)
     arrays = _inputs(case, rng)
     run, ws, outs = _phase2(case, arrays, device)
-    t_p2 = _median_time(run, repeats)
+    run()
     first = [o.numpy() for o in outs]
     run()
     deterministic = all(np.array_equal(a, o.numpy()) for a, o in zip(first, outs))
-    t_e2e = _median_time(_pythonic(case, arrays, device), repeats)
-    row = {"case": case.name, "op": case.op, "layout": case.layout, "workspace_bytes": ws,
-           "phase2_ms": 1e3 * t_p2, "e2e_ms": 1e3 * t_e2e, "bitwise_repeatable": deterministic,
-           "gbps": compulsory_bytes(case) / t_p2 / 1e9}
+    fns = {"phase2": run, "e2e": _pythonic(case, arrays, device)}
     if torch is not None:
-        t_t = _median_time(_torch_fn(case, arrays, torch), repeats)
-        row.update(torch_ms=1e3 * t_t, ratio_phase2=t_t / t_p2, ratio_e2e=t_t / t_e2e)
+        fns["torch"] = _torch_fn(case, arrays, torch)
+    t = _interleaved_medians(fns, repeats)
+    row = {"case": case.name, "op": case.op, "layout": case.layout, "workspace_bytes": ws,
+           "phase2_ms": 1e3 * t["phase2"], "e2e_ms": 1e3 * t["e2e"], "bitwise_repeatable": deterministic,
+           "gbps": compulsory_bytes(case) / t["phase2"] / 1e9}
+    if torch is not None:
+        row.update(torch_ms=1e3 * t["torch"], ratio_phase2=t["torch"] / t["phase2"], ratio_e2e=t["torch"] / t["e2e"])
     return row, first
 
 
@@ -229,7 +247,8 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
     dev = Device(device, threads=threads) if is_cpu else device
     cases = [c for c in CASES if (not quick or c.name in QUICK) and (not ops or c.op in ops)]
     bw = copy_bandwidth()
-    out(f"device {device}, {threads} threads; NumPy copy bandwidth {bw:.1f} GB/s; medians of {repeats} runs")
+    out(f"device {device}, {threads} threads; NumPy copy bandwidth {bw:.1f} GB/s; medians of {repeats} runs, "
+        "ours and PyTorch's interleaved")
     rows = []
     hdr = (f"{'case':40s} {'phase2 ms':>9s} {'e2e ms':>8s} {'torch ms':>9s} {'x p2':>6s} {'x e2e':>6s} "
            f"{'GB/s':>6s} {'%copy':>6s} {'ws B':>9s}")
