@@ -72,19 +72,21 @@ def _median_time(fn, repeats: int, warmup: int = 2) -> float:
     return float(np.median(ts))
 
 
-def _interleaved_medians(fns: dict, repeats: int, warmup: int = 2) -> dict:
-    """Median seconds of each function, timed in round-robin (one run of each per round) so
-    that every candidate sees the same machine: on a shared host the speed drifts over
-    seconds, and timing one candidate after the other would put that drift into the ratio."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
+def _alternating_medians(fns: dict, repeats: int, blocks: int = 3, warmup: int = 2) -> dict:
+    """Median seconds of each function over `repeats` runs, taken in `blocks` alternating blocks
+    (A A A, B B B, A A A, ...), so that drifts of a shared machine's speed reach every candidate.
+    Blocks rather than single alternating runs: PyTorch's OpenMP workers keep spinning for a
+    while after a call, which would slow down whatever runs right after it."""
     ts = {k: [] for k in fns}
-    for _ in range(repeats):
+    per_block = max(1, -(-repeats // blocks))
+    for _ in range(blocks):
         for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            ts[k].append(time.perf_counter() - t)
+            for _ in range(warmup):
+                fn()
+            for _ in range(per_block):
+                t = time.perf_counter()
+                fn()
+                ts[k].append(time.perf_counter() - t)
     return {k: float(np.median(v)) for k, v in ts.items()}
 
 
@@ -185,7 +187,7 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None) -> dict:
     fns = {"phase2": run, "e2e": _pythonic(case, arrays, device)}
     if torch is not None:
         fns["torch"] = _torch_fn(case, arrays, torch)
-    t = _interleaved_medians(fns, repeats)
+    t = _alternating_medians(fns, repeats)
     row = {"case": case.name, "op": case.op, "layout": case.layout, "workspace_bytes": ws,
            "phase2_ms": 1e3 * t["phase2"], "e2e_ms": 1e3 * t["e2e"], "bitwise_repeatable": deterministic,
            "gbps": compulsory_bytes(case) / t["phase2"] / 1e9}
@@ -248,7 +250,7 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
     cases = [c for c in CASES if (not quick or c.name in QUICK) and (not ops or c.op in ops)]
     bw = copy_bandwidth()
     out(f"device {device}, {threads} threads; NumPy copy bandwidth {bw:.1f} GB/s; medians of {repeats} runs, "
-        "ours and PyTorch's interleaved")
+        "ours and PyTorch's in alternating blocks")
     rows = []
     hdr = (f"{'case':40s} {'phase2 ms':>9s} {'e2e ms':>8s} {'torch ms':>9s} {'x p2':>6s} {'x e2e':>6s} "
            f"{'GB/s':>6s} {'%copy':>6s} {'ws B':>9s}")
