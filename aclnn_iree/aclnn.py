@@ -37,7 +37,7 @@ from . import validation as V
 from .compiler.compile import CompileError
 from .compiler.specs import GridSamplerSpec, UpsampleSpec
 from .compiler.targets import target_for_driver
-from .errors import AclnnError
+from .errors import AclnnError, brief
 from .runtime.device import DeviceUnavailable
 from .runtime.kernels import load_module
 from .runtime.store import ArtifactMissing
@@ -116,7 +116,7 @@ def aclCreateTensor(array=None, format: str = "ND", *, shape=None, dtype=None, d
     Returns the aclTensor, or None on failure (see aclGetRecentErrMsg).
     """
     if format not in FORMATS:
-        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"format {format!r} is not one of {FORMATS}")
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"format {brief(format)} is not one of {FORMATS}")
     dev = device_of(stream if stream is not None else device)
     if array is None:
         if shape is None or dtype is None:
@@ -152,7 +152,7 @@ def aclCreateIntArray(values) -> aclIntArray:
     vals = list(values)
     for v in vals:
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateIntArray: {v!r} is not an integer")
+            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateIntArray: {brief(v)} is not an integer")
         if not -2**63 <= int(v) < 2**63:
             raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateIntArray: {v} does not fit in int64")
     return aclIntArray(vals)
@@ -169,7 +169,7 @@ def aclCreateBoolArray(values) -> aclBoolArray:
     vals = list(values)
     for v in vals:
         if not isinstance(v, (bool, np.bool_)):
-            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateBoolArray: {v!r} is not a bool")
+            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateBoolArray: {brief(v)} is not a bool")
     return aclBoolArray(vals)
 
 
@@ -180,7 +180,7 @@ def aclDestroyBoolArray(array) -> int:
 
 def _destroy(obj, cls) -> int:
     if not isinstance(obj, cls) or obj.destroyed:
-        _set_error(f"ACLNN_ERR_PARAM_NULLPTR ({E.ACLNN_ERR_PARAM_NULLPTR}): not a live {cls.__name__}: {obj!r}")
+        _set_error(f"ACLNN_ERR_PARAM_NULLPTR ({E.ACLNN_ERR_PARAM_NULLPTR}): not a live {cls.__name__}: {brief(obj)}")
         return E.ACLNN_ERR_PARAM_NULLPTR
     obj.destroyed = True
     if isinstance(obj, aclTensor):
@@ -225,7 +225,7 @@ def aclrtDestroyStream(stream) -> int:
 def aclrtMalloc(size, device="local-task"):
     """(status, aclrtBuffer) of `size` bytes on `device` (a driver name or a stream)."""
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
-        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclrtMalloc: size must be a non-negative int, got {size!r}")
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclrtMalloc: size must be a non-negative int, got {brief(size)}")
     try:
         dev = device_of(device)
     except DeviceUnavailable as e:
@@ -243,7 +243,7 @@ def aclrtMalloc(size, device="local-task"):
 def aclrtFree(buffer) -> int:
     """Releases memory from aclrtMalloc."""
     if not isinstance(buffer, aclrtBuffer) or buffer.freed:
-        raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR, f"aclrtFree: not a live aclrtBuffer: {buffer!r}")
+        raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR, f"aclrtFree: not a live aclrtBuffer: {brief(buffer)}")
     buffer.freed = True
     buffer.buffer = None
     return E.ACLNN_SUCCESS
@@ -328,9 +328,9 @@ def _run(op, workspace, workspaceSize, executor, stream) -> int:
     for t in (*executor.keep, *executor.zero_fill):
         if isinstance(t, aclTensor) and t.destroyed:
             raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR,
-                             f"a tensor bound by phase 1 was destroyed before phase 2: {t!r}")
+                             f"a tensor bound by phase 1 was destroyed before phase 2: {brief(t)}")
     if isinstance(workspaceSize, bool) or not isinstance(workspaceSize, (int, np.integer)) or workspaceSize < 0:
-        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"workspaceSize must be a non-negative int, got {workspaceSize!r}")
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"workspaceSize must be a non-negative int, got {brief(workspaceSize)}")
     need = executor.workspace_size
     if workspaceSize < need:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
@@ -339,7 +339,7 @@ def _run(op, workspace, workspaceSize, executor, stream) -> int:
         if workspace is None:
             raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR, f"workspace is None but {need} bytes are needed")
         if not isinstance(workspace, aclrtBuffer) or workspace.freed:
-            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"workspace must be a live aclrtBuffer, got {workspace!r}")
+            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"workspace must be a live aclrtBuffer, got {brief(workspace)}")
         if workspace.device is not executor.device:
             raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
                              f"workspace is on {workspace.device.name}, the executor on {executor.device.name}")
@@ -477,7 +477,7 @@ def aclrtCreateContext(deviceId: int = 0):
 def aclrtSetCurrentContext(context) -> int:
     """Makes `context` the calling thread's current context; 161002 for a destroyed or non-context."""
     if not isinstance(context, aclrtContext) or context.destroyed:
-        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"context must be a live aclrtContext, got {context!r}")
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"context must be a live aclrtContext, got {brief(context)}")
     _ctx_tls.context = context
     return E.ACLNN_SUCCESS
 
@@ -492,7 +492,7 @@ def aclrtGetCurrentContext():
 def aclrtDestroyContext(context) -> int:
     """Destroys `context`; threads it was current on fall back to the default context."""
     if not isinstance(context, aclrtContext) or context is _default_context or context.destroyed:
-        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"cannot destroy {context!r}")
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"cannot destroy {brief(context)}")
     context.destroyed = True
     if getattr(_ctx_tls, "context", None) is context:
         _ctx_tls.context = None
@@ -501,7 +501,7 @@ def aclrtDestroyContext(context) -> int:
 
 def _check_opt(opt):
     if isinstance(opt, bool) or opt not in (ACL_OPT_DETERMINISTIC,):
-        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"unknown aclSysParamOpt {opt!r}; known: ACL_OPT_DETERMINISTIC (0)")
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"unknown aclSysParamOpt {brief(opt)}; known: ACL_OPT_DETERMINISTIC (0)")
 
 
 @_status_call()
@@ -516,7 +516,7 @@ def aclrtCtxSetSysParamOpt(opt, value) -> int:
     """
     _check_opt(opt)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) not in (0, 1):
-        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"ACL_OPT_DETERMINISTIC takes 0 or 1, got {value!r}")
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"ACL_OPT_DETERMINISTIC takes 0 or 1, got {brief(value)}")
     current_context().options[opt] = int(value)
     return E.ACLNN_SUCCESS
 

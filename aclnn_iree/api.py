@@ -86,7 +86,8 @@ def _host_tensor(dev, name, array, fmt="ND"):
     try:
         if not array.flags.writeable:
             array = np.array(array, order="C")
-        return A._wrap_host(dev, np.ascontiguousarray(array), fmt)
+        # np.ascontiguousarray would turn a 0-d array into shape (1,): keep the caller's shape.
+        return A._wrap_host(dev, array if array.flags.c_contiguous else np.ascontiguousarray(array), fmt)
     except KeyError:
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} has dtype {array.dtype}; {_SUPPORTED}") from None
     except MemoryError:
@@ -180,6 +181,10 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     deterministic; IREE's scatter op would run serially); grad_grid is a gather
     over C, fused into the same pass when both outputs are asked for.
     """
+    if deterministic is not None and not isinstance(deterministic, (bool, np.bool_)):
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID,
+                         f"deterministic must be True, False or None, got {type(deterministic).__name__} "
+                         f"{deterministic!r}"[:200])
     go, x, g = _as_array("grad_output", grad_output), _as_array("input", input), _as_array("grid", grid)
     mask = _output_mask(output_mask)
     interpolation_mode = _mode("interpolation_mode", interpolation_mode, INTERPOLATION_NAMES)
@@ -230,8 +235,8 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"memory_format must be 'NCHW' or 'NHWC', got {memory_format!r}")
     osz, isz = A.aclCreateIntArray(output_size), A.aclCreateIntArray(input_size)
     for name, arr in (("output_size", osz), ("input_size", isz)):
-        if arr is None:
-            raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name}: {A.aclGetRecentErrMsg()}")
+        if arr is None:  # the message already carries the status: keep only its text
+            raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name}: {A.aclGetRecentErrMsg().split(': ', 1)[-1]}")
     if isz.size == 4 and any(v < 0 for v in isz.values):
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"input_size has a negative entry: {isz.values}")
     stream = _stream(device)

@@ -41,3 +41,13 @@ class AclnnError(ValueError):
     def __init__(self, status: int, message: str):
         self.status = int(status)
         super().__init__(f"{STATUS_NAMES.get(self.status, 'ACLNN_ERR')} ({self.status}): {message}")
+
+
+def brief(obj, limit: int = 120) -> str:
+    """repr(obj) for an error message, short: arrays as their shape and dtype, anything
+    else cut to about `limit` characters (a message never embeds a whole array)."""
+    import numpy as np
+    if isinstance(obj, np.ndarray):
+        return f"ndarray(shape={obj.shape}, dtype={obj.dtype})"
+    r = repr(obj)
+    return r if len(r) <= limit else r[:limit - 3] + "..."

@@ -11,7 +11,7 @@ import numpy as np
 
 from .errors import ACLNN_ERR_PARAM_INVALID as INVALID
 from .errors import ACLNN_ERR_PARAM_NULLPTR as NULLPTR
-from .errors import AclnnError
+from .errors import AclnnError, brief
 from .tensors import aclBoolArray, aclIntArray, aclTensor
 
 __all__ = ["check_grid_sampler", "check_upsample", "SUPPORTED_DTYPES", "INTERPOLATION_NAMES", "PADDING_NAMES",
@@ -55,9 +55,28 @@ def _same_device(tensors):
         _fail(INVALID, "tensors are on different devices: " + ", ".join(f"{n} on {t.device.name}" for n, t in tensors))
 
 
+def _overlaps(a, b) -> bool:
+    """Whether two tensors share memory: one tensor, one device buffer, or overlapping host arrays."""
+    if a is b or a.buffer is b.buffer:
+        return True
+    if a.host is not None and b.host is not None and a.nbytes and b.nbytes:
+        return bool(np.may_share_memory(a.host, b.host))
+    return False
+
+
+def _no_alias(outputs, inputs):
+    """The kernels read their inputs while they write their outputs: an output sharing memory
+    with an input or another output would give silently wrong numbers.  161002."""
+    for i, (oname, o) in enumerate(outputs):
+        for name, t in list(inputs) + list(outputs[:i]):
+            if _overlaps(o, t):
+                _fail(INVALID, f"{oname} shares memory with {name}; an output must not alias an input "
+                               "or another output")
+
+
 def _int_attr(name, v, allowed):
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        _fail(INVALID, f"{name} must be an int, got {type(v).__name__} {v!r}")
+        _fail(INVALID, f"{name} must be an int, got {type(v).__name__} {brief(v)}")
     if int(v) not in allowed:
         _fail(INVALID, f"{name} is {v}; expected one of {sorted(allowed)} "
                        f"({', '.join(f'{k}={n}' for k, n in allowed.items())})")
@@ -79,14 +98,14 @@ def check_grid_sampler(gradOutput, input, grid, interpolationMode, paddingMode, 
     for name, t in tensors:
         _tensor(name, t)
     if not isinstance(outputMask, aclBoolArray) or outputMask.destroyed:
-        _fail(INVALID, f"outputMask must be a live aclBoolArray, got {outputMask!r}")
+        _fail(INVALID, f"outputMask must be a live aclBoolArray, got {brief(outputMask)}")
     _same_device(tensors)
     _same_dtype("input", input, [(n, t) for n, t in tensors if n != "input"])
     _supported_dtype("input", input)
     _int_attr("interpolationMode", interpolationMode, INTERPOLATION_NAMES)
     _int_attr("paddingMode", paddingMode, PADDING_NAMES)
     if not isinstance(alignCorners, (bool, np.bool_)):
-        _fail(INVALID, f"alignCorners must be a bool, got {type(alignCorners).__name__} {alignCorners!r}")
+        _fail(INVALID, f"alignCorners must be a bool, got {type(alignCorners).__name__} {brief(alignCorners)}")
     for name, t in (("input", input), ("grid", grid), ("gradOutput", gradOutput)):
         _rank(name, t, 4)
     N, C, H, W = input.shape
@@ -106,7 +125,10 @@ def check_grid_sampler(gradOutput, input, grid, interpolationMode, paddingMode, 
         _fail(INVALID, f"gridGrad has shape {gridGrad.shape}; expected grid's shape {grid.shape}")
     if outputMask.size != 2:
         _fail(INVALID, f"outputMask must have 2 entries, got {outputMask.size}")
-    return tuple(outputMask.values)
+    mask = tuple(outputMask.values)
+    written = [(n, t) for (n, t), m in zip((("inputGrad", inputGrad), ("gridGrad", gridGrad)), mask) if m]
+    _no_alias(written, (("gradOutput", gradOutput), ("input", input), ("grid", grid)))
+    return mask
 
 
 def upsample_scale(in_size: int, out_size: int, align_corners: bool, scale: float, dtype) -> float:
@@ -127,7 +149,7 @@ def upsample_scale(in_size: int, out_size: int, align_corners: bool, scale: floa
 
 def _scale_arg(name, v):
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
-        _fail(INVALID, f"{name} must be a float, got {type(v).__name__} {v!r}")
+        _fail(INVALID, f"{name} must be a float, got {type(v).__name__} {brief(v)}")
     try:
         v = float(v)
     except OverflowError:  # an int beyond the double range
@@ -146,7 +168,7 @@ def check_upsample(gradOut, outputSize, inputSize, alignCorners, scalesH, scales
     _tensor("out", out)
     for name, arr in (("outputSize", outputSize), ("inputSize", inputSize)):
         if not isinstance(arr, aclIntArray) or arr.destroyed:
-            _fail(INVALID, f"{name} must be a live aclIntArray, got {arr!r}")
+            _fail(INVALID, f"{name} must be a live aclIntArray, got {brief(arr)}")
     _same_device([("gradOut", gradOut), ("out", out)])
     _rank("gradOut", gradOut, 4)
     if inputSize.size != 4:
@@ -183,7 +205,8 @@ def check_upsample(gradOut, outputSize, inputSize, alignCorners, scalesH, scales
     if out.shape != expected_out:
         _fail(INVALID, f"out has shape {out.shape}; expected the grad-input shape {expected_out} ({out.format})")
     if not isinstance(alignCorners, (bool, np.bool_)):
-        _fail(INVALID, f"alignCorners must be a bool, got {type(alignCorners).__name__} {alignCorners!r}")
+        _fail(INVALID, f"alignCorners must be a bool, got {type(alignCorners).__name__} {brief(alignCorners)}")
+    _no_alias((("out", out),), (("gradOut", gradOut),))
     sh = _scale_arg("scalesH", scalesH)
     sw = _scale_arg("scalesW", scalesW)
     # A given scale must agree with the sizes (SPEC part A 5), never be silently ignored.

@@ -244,3 +244,51 @@ def test_named_gpu_arch_builds_into_its_own_folder(tmp_path, capsys):
     assert entry["target_arch"] == "ampere" and "--iree-vulkan-target=ampere" in entry["flags"]
     assert not entry["template_params"]["atomic_dx"]  # IREE's named profiles have no float atomics
     assert (tmp_path / "vulkan-spirv-ampere" / "grid_sampler_2d_backward_bilinear_zeros_ac0_f32.vmfb").exists()
+
+
+def test_large_reflection_coordinates_pick_the_cpu_pixels(vulkan):
+    """(g + 1) * size - 1 is one fused multiply-add on CPUs (ours and PyTorch's); lavapipe
+    evaluated it with two roundings, which moved coordinates of ~1e6 pixels by half a pixel."""
+    x = np.arange(900, dtype=np.float32).reshape(1, 1, 30, 30)
+    go = np.ones((1, 1, 1, 1), np.float32)
+    g = np.array([336656.25, 0.0], np.float32).reshape(1, 1, 1, 2)
+    cpu = api.grid_sampler_2d_backward(go, x, g, 0, 2, False)[0]
+    gpu = api.grid_sampler_2d_backward(go, x, g, 0, 2, False, device=vulkan)[0]
+    assert np.argwhere(cpu[0, 0]).tolist() == [[14, 18], [15, 18]]  # PyTorch's taps
+    assert np.array_equal(gpu, cpu)
+    # a sweep: 300 coordinates between 1e5 and 5e5 (pixel coordinates up to 7.5e6, where
+    # integer tap offsets still add exactly in float32), every mode, both align_corners
+    rng = np.random.default_rng(4)
+    gs = (rng.choice([-1, 1], (1, 10, 30, 2)) * np.exp(rng.uniform(np.log(1e5), np.log(5e5), (1, 10, 30, 2))))
+    gs = gs.astype(np.float32)
+    go = rng.standard_normal((1, 2, 10, 30)).astype(np.float32)
+    x = rng.standard_normal((1, 2, 30, 30)).astype(np.float32)
+    for mode in (0, 1, 2):
+        for ac in (False, True):
+            c = api.grid_sampler_2d_backward(go, x, gs, mode, 2, ac)[0]
+            v = api.grid_sampler_2d_backward(go, x, gs, mode, 2, ac, device=vulkan, deterministic=True)[0]
+            assert np.array_equal(c != 0, v != 0), (mode, ac)  # the same pixels
+            np.testing.assert_allclose(v, c, rtol=1e-5, atol=1e-5 * np.abs(c).max())
+
+
+def test_far_reflection_coordinates_give_the_cpu_grad_input(vulkan):
+    """Coordinates up to 1e7 image widths away under reflection: grad_input lands on the CPU's
+    pixels with the CPU's values (bit for bit in the ordered mode, which reads the reflections
+    from @coords_gpu's table: before, its chunk loop reran them per point and ran past
+    lavapipe's loop budget; atomics may add in another order)."""
+    rng = np.random.default_rng(4)
+    gs = rng.choice([-1, 1], (1, 10, 30, 2)) * np.exp(rng.uniform(np.log(1e5), np.log(1e7), (1, 10, 30, 2)))
+    gs = gs.astype(np.float32)
+    x = np.arange(900, dtype=np.float32).reshape(1, 1, 30, 30)
+    go = np.ones((1, 1, 10, 30), np.float32)
+    for mode in (0, 1, 2):
+        for ac in (False, True):
+            cpu = api.grid_sampler_2d_backward(go, x, gs, mode, 2, ac, (True, False))[0]
+            for det in (False, True):
+                gpu = api.grid_sampler_2d_backward(go, x, gs, mode, 2, ac, (True, False), device=vulkan,
+                                                   deterministic=det)[0]
+                assert np.array_equal(gpu != 0, cpu != 0), (mode, ac, det)
+                if det:
+                    assert np.array_equal(gpu, cpu), (mode, ac)
+                else:
+                    np.testing.assert_allclose(gpu, cpu, rtol=8 * float(np.finfo(np.float32).eps))

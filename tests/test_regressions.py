@@ -150,3 +150,87 @@ def test_huge_aclrtmalloc_is_a_runtime_error():
     st, buf = A.aclrtMalloc(10**15, "local-task")
     assert (st, buf) == (A.ACLNN_ERR_RUNTIME_ERROR, None)
     assert "could not allocate" in A.aclGetRecentErrMsg()
+
+
+# Found by the new-user attack of session 2 -------------------------------------------------
+def _gs_aclnn_tensors(seed=0):
+    rng = np.random.default_rng(seed)
+    go = rng.standard_normal((1, 2, 3, 4)).astype(np.float32)
+    x = rng.standard_normal((1, 2, 5, 6)).astype(np.float32)
+    g = rng.uniform(-1, 1, (1, 3, 4, 2)).astype(np.float32)
+    return go, x, g, [A.aclCreateTensor(a) for a in (go, x, g)]
+
+
+@pytest.mark.parametrize("alias", ["inputGrad=input", "gridGrad=grid", "inputGrad=gradOutput", "gridGrad=inputGrad"])
+def test_outputs_that_alias_inputs_are_invalid(alias):
+    """Phase 1 once accepted inputGrad=input, gridGrad=grid and the CPU result was silently wrong.
+    (aclCreateTensor copies its array, so two tensors share memory only when they are one.)"""
+    go, x, g, (Go, X, G) = _gs_aclnn_tensors()
+    dx = A.aclCreateTensor(shape=x.shape, dtype=x.dtype)
+    dg = A.aclCreateTensor(shape=g.shape, dtype=g.dtype)
+    if alias == "inputGrad=input":
+        dx = X
+    elif alias == "gridGrad=grid":
+        dg = G
+    elif alias == "inputGrad=gradOutput":  # same shape when H_out, W_out = H, W
+        Go = A.aclCreateTensor(np.ones(x.shape, np.float32))
+        G = A.aclCreateTensor(np.zeros((1, 5, 6, 2), np.float32))
+        dg = A.aclCreateTensor(shape=(1, 5, 6, 2), dtype=np.float32)
+        dx = Go
+    else:  # input (1, 3, 4, 2) and grid (1, 3, 4, 2) have one shape: one tensor for both outputs
+        X = A.aclCreateTensor(np.ones((1, 3, 4, 2), np.float32))
+        Go = A.aclCreateTensor(np.ones((1, 3, 3, 4), np.float32))
+        dx = dg = A.aclCreateTensor(shape=(1, 3, 4, 2), dtype=np.float32)
+    status, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(Go, X, G, 0, 0, False,
+                                                                 A.aclCreateBoolArray([True, True]), dx, dg)
+    assert (status, ws, ex) == (A.ACLNN_ERR_PARAM_INVALID, 0, None)
+    assert "shares memory" in A.aclGetRecentErrMsg()
+
+
+def test_masked_out_output_may_be_any_tensor_of_the_right_shape():
+    go, x, g, (Go, X, G) = _gs_aclnn_tensors()
+    dx = A.aclCreateTensor(shape=x.shape, dtype=x.dtype)
+    status, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(Go, X, G, 0, 0, False,
+                                                                 A.aclCreateBoolArray([True, False]), dx, G)
+    assert status == A.ACLNN_SUCCESS, A.aclGetRecentErrMsg()
+    assert A.aclDestroyAclOpExecutor(ex) == A.ACLNN_SUCCESS
+
+
+def test_upsample_out_aliasing_grad_out_is_invalid():
+    go = A.aclCreateTensor(np.ones((1, 1, 4, 4), np.float32), format="NCHW")
+    status, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
+        go, A.aclCreateIntArray([4, 4]), A.aclCreateIntArray([1, 1, 4, 4]), False, -1.0, -1.0, go)
+    assert (status, ex) == (A.ACLNN_ERR_PARAM_INVALID, None)
+    assert "out shares memory with gradOut" in A.aclGetRecentErrMsg()
+
+
+@pytest.mark.parametrize("bad", ["yes", 2, 1.0])
+def test_deterministic_must_be_a_bool_or_none(bad):
+    a = np.ones((1, 1, 2, 2), np.float32)
+    with pytest.raises(AclnnError) as e:
+        aclnn_iree.grid_sampler_2d_backward(a, a, np.zeros((1, 2, 2, 2), np.float32), deterministic=bad)
+    assert e.value.status == A.ACLNN_ERR_PARAM_INVALID and "deterministic" in str(e.value)
+
+
+def test_messages_name_the_status_once_and_stay_short():
+    with pytest.raises(AclnnError) as e:
+        aclnn_iree.upsample_bilinear2d_backward(np.ones((1, 1, 8, 10), np.float32), (8.0, 10.0), (1, 1, 4, 5))
+    assert str(e.value).count("161002") == 1 and "8.0 is not an integer" in str(e.value)
+    # a NumPy array passed as the workspace: named by shape and dtype, not printed whole
+    st, stream = A.aclrtCreateStream("local-task")
+    go, x, g, tensors = _gs_aclnn_tensors()
+    dx, dg = A.aclCreateTensor(shape=x.shape, dtype=x.dtype), A.aclCreateTensor(shape=g.shape, dtype=g.dtype)
+    status, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(*tensors, 0, 0, False,
+                                                                 A.aclCreateBoolArray([True, True]), dx, dg)
+    assert status == A.ACLNN_SUCCESS and ws > 0
+    assert A.aclnnGridSampler2DBackward(np.zeros(100000, np.uint8), ws, ex, stream) == A.ACLNN_ERR_PARAM_INVALID
+    msg = A.aclGetRecentErrMsg()
+    assert "ndarray(shape=(100000,), dtype=uint8)" in msg and len(msg) < 300
+    A.aclDestroyAclOpExecutor(ex)
+
+
+def test_zero_dimensional_grad_output_is_reported_with_its_shape():
+    with pytest.raises(AclnnError) as e:
+        aclnn_iree.grid_sampler_2d_backward(np.float32(1), np.ones((1, 1, 2, 2), np.float32),
+                                            np.zeros((1, 1, 1, 2), np.float32))
+    assert "got shape ()" in str(e.value)
