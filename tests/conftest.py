@@ -68,4 +68,6 @@ def on_device(device: str):
 
 
 def is_gpu(device: str) -> bool:
-    return device.split(":", 1)[0] in ("vulkan", "cuda")
+    """Whether the IREE device `device` runs the GPU forms of the kernels."""
+    from aclnn_iree.compiler.targets import target_for_driver
+    return target_for_driver(device).is_gpu
