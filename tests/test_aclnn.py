@@ -290,7 +290,21 @@ def test_grid_sampler_valid_arguments_succeed():
     args = _gs_args()
     args["outputMask"] = A.aclCreateBoolArray([True, False])
     status, ws_dx, _ = _gs_call(args)
-    assert status == SUCCESS and ws_dx == 0  # float32 dx alone needs no scratch
+    # dx alone: the CPU accumulation slots, H*W pixels x 8 interleaved channels each, as
+    # many as fit in the largest input's bytes (at most 16, one per block of 8 channels),
+    # but at least one: here x is 2*3*4*5 floats (480 B) and one slot 4*5*8 floats.
+    assert status == SUCCESS and ws_dx == 4 * 5 * 8 * 4
+
+
+@pytest.mark.parametrize("mask", [(True, False), (True, True)])
+def test_grid_sampler_workspace_within_largest_input(mask):
+    """Beyond one slot, the workspace never exceeds the largest input (the performance
+    issue's rule): 4 x 16 channels of 8 x 8 pixels = 8 blocks, x is 16 KiB."""
+    args = _gs_args(N=4, C=16, H=8, W=8, Ho=8, Wo=8)
+    args["outputMask"] = A.aclCreateBoolArray(list(mask))
+    status, ws, _ = _gs_call(args)
+    largest = 4 * 16 * 8 * 8 * 4
+    assert status == SUCCESS and 8 * 8 * 8 * 4 <= ws <= largest
 
 
 @pytest.mark.parametrize("name", ["gradOutput", "input", "grid", "inputGrad", "gridGrad", "outputMask"])
@@ -675,8 +689,8 @@ def test_phase2_workspace_size_not_a_size(stream, bad):
 
 def test_phase2_zero_workspace_executor_rejects_negative_size(stream):
     go, x, grid = gs_arrays()
-    status, ws, ex = gs_phase1(*gs_tensors(go, x, grid), mask=(True, False))
-    assert ws == 0
+    status, ws, ex = gs_phase1(*gs_tensors(go, x, grid), mask=(False, True))
+    assert ws == 0  # grad_grid alone: one gather pass, no workspace
     expect_status(A.aclnnGridSampler2DBackward(None, -1, ex, stream), INVALID, "workspaceSize")
     expect_status(A.aclnnGridSampler2DBackward(None, "0", ex, stream), INVALID, "workspaceSize")
     # a larger size than needed is fine (and the workspace pointer is ignored when 0 bytes are needed)

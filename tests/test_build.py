@@ -114,10 +114,10 @@ def test_manifest_has_every_field(built_store):
             assert any("iree.abi.output = 0" in a for a in x["arguments"])
             assert x["results"] and all(r.startswith("tensor<") for r in x["results"])
             assert x["transients_size_function"] == name + "_transients_size"
-            # float32 grid sampler dx or dgrid alone needs no scratch ("0"); both at once keep
-            # partial grid-gradient sums, and the upsample its window tables: both grow with
-            # the shapes (None).
-            shape_dependent = isinstance(s, UpsampleSpec) or name == s.kernel_name
+            # The grid sampler's dgrid alone needs no scratch ("0"); dx accumulates in slots of
+            # H*W pixels x 8 channels, both at once also keep partial grid-gradient sums, and the
+            # upsample its window tables: these grow with the shapes (None).
+            shape_dependent = isinstance(s, UpsampleSpec) or not name.endswith("_dgrid")
             assert (x["transients_size_constant"] is None) == shape_dependent, name
             size = e["exports"][name + "_transients_size"]
             assert size == {"companion_of": name, "arguments": x["arguments"], "results": ["i64"]}
