@@ -689,8 +689,8 @@ def test_phase2_workspace_size_not_a_size(stream, bad):
 
 def test_phase2_zero_workspace_executor_rejects_negative_size(stream):
     go, x, grid = gs_arrays()
-    status, ws, ex = gs_phase1(*gs_tensors(go, x, grid), mask=(False, True))
-    assert ws == 0  # grad_grid alone: one gather pass, no workspace
+    status, ws, ex = gs_phase1(*gs_tensors(go, x, grid), mode=1, mask=(False, True))
+    assert ws == 0  # nearest grad_grid alone is zeros: no workspace
     expect_status(A.aclnnGridSampler2DBackward(None, -1, ex, stream), INVALID, "workspaceSize")
     expect_status(A.aclnnGridSampler2DBackward(None, "0", ex, stream), INVALID, "workspaceSize")
     # a larger size than needed is fine (and the workspace pointer is ignored when 0 bytes are needed)

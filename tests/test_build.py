@@ -114,10 +114,13 @@ def test_manifest_has_every_field(built_store):
             assert any("iree.abi.output = 0" in a for a in x["arguments"])
             assert x["results"] and all(r.startswith("tensor<") for r in x["results"])
             assert x["transients_size_function"] == name + "_transients_size"
-            # The grid sampler's dgrid alone needs no scratch ("0"); dx accumulates in slots of
-            # H*W pixels x 8 channels, both at once also keep partial grid-gradient sums, and the
-            # upsample its window tables: these grow with the shapes (None).
-            shape_dependent = isinstance(s, UpsampleSpec) or not name.endswith("_dgrid")
+            # The grid sampler accumulates dx in slots of H*W pixels x 8 channels and keeps the
+            # channel blocks' partial grid-gradient sums, and the upsample its window tables:
+            # these grow with the shapes (None).  Only nearest's grad_grid alone (zeros) needs
+            # no scratch ("0").
+            zeros_only = isinstance(s, GridSamplerSpec) and s.interpolation_mode == "nearest" \
+                and name.endswith("_dgrid")
+            shape_dependent = not zeros_only
             assert (x["transients_size_constant"] is None) == shape_dependent, name
             size = e["exports"][name + "_transients_size"]
             assert size == {"companion_of": name, "arguments": x["arguments"], "results": ["i64"]}
