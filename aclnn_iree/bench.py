@@ -8,7 +8,8 @@ For each named case (same data, same thread count):
   torch is installed;
 - both ratios (PyTorch time / ours: > 1 means we are faster), the effective
   bandwidth (compulsory bytes / phase-2 time, GB/s) and its share of the copy
-  bandwidth measured in the same run, and the workspace in bytes.
+  bandwidth measured in the same run, and the workspace in bytes and as a share of the
+  largest input.
 Times are medians of `repeats` runs after a warm-up.  Also: thread scaling
 (1 vs N threads) on the large cases, bitwise run-to-run and cross-thread
 determinism, the host overhead of a tiny call, and compile times.
@@ -188,7 +189,9 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None) -> dict:
     if torch is not None:
         fns["torch"] = _torch_fn(case, arrays, torch)
     t = _alternating_medians(fns, repeats)
+    largest = max(a.nbytes for a in arrays)
     row = {"case": case.name, "op": case.op, "layout": case.layout, "workspace_bytes": ws,
+           "workspace_over_largest_input": ws / largest,
            "phase2_ms": 1e3 * t["phase2"], "e2e_ms": 1e3 * t["e2e"], "bitwise_repeatable": deterministic,
            "gbps": compulsory_bytes(case) / t["phase2"] / 1e9}
     if torch is not None:
@@ -253,7 +256,7 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
         "ours and PyTorch's in alternating blocks")
     rows = []
     hdr = (f"{'case':40s} {'phase2 ms':>9s} {'e2e ms':>8s} {'torch ms':>9s} {'x p2':>6s} {'x e2e':>6s} "
-           f"{'GB/s':>6s} {'%copy':>6s} {'ws B':>9s}")
+           f"{'GB/s':>6s} {'%copy':>6s} {'ws B':>9s} {'ws/in':>6s}")
     out(hdr)
     for case in cases:
         row, _ = run_case(case, dev, repeats, torch)
@@ -261,7 +264,8 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
         rows.append(row)
         out(f"{case.name:40s} {row['phase2_ms']:9.2f} {row['e2e_ms']:8.2f} {row.get('torch_ms', float('nan')):9.2f} "
             f"{row.get('ratio_phase2', float('nan')):6.2f} {row.get('ratio_e2e', float('nan')):6.2f} "
-            f"{row['gbps']:6.2f} {100 * row['share_of_copy']:5.1f}% {row['workspace_bytes']:9d}")
+            f"{row['gbps']:6.2f} {100 * row['share_of_copy']:5.1f}% {row['workspace_bytes']:9d} "
+            f"{row['workspace_over_largest_input']:6.2f}")
     result = {"device": device, "threads": threads, "copy_gbps": bw, "cases": rows}
     if torch is not None and rows:
         result["geomean_ratio_e2e"] = math.exp(np.mean([math.log(r["ratio_e2e"]) for r in rows]))
