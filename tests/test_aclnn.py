@@ -301,8 +301,8 @@ def test_grid_sampler_valid_arguments_succeed():
 
 @pytest.mark.parametrize("mask", [(True, False), (True, True)])
 def test_grid_sampler_workspace_within_largest_input(mask):
-    """Beyond one slot, the workspace never exceeds the largest input (the performance
-    issue's rule): 4 x 16 channels of 8 x 8 pixels = 8 blocks, x is 16 KiB."""
+    """Where the largest input has room for two slots, the workspace stays within it (the
+    performance issue's rule): 4 x 16 channels of 8 x 8 pixels = 8 blocks, x is 16 KiB."""
     args = _gs_args(N=4, C=16, H=8, W=8, Ho=8, Wo=8)
     args["outputMask"] = A.aclCreateBoolArray(list(mask))
     status, ws, _ = _gs_call(args)

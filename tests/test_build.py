@@ -114,7 +114,7 @@ def test_manifest_has_every_field(built_store):
             assert any("iree.abi.output = 0" in a for a in x["arguments"])
             assert x["results"] and all(r.startswith("tensor<") for r in x["results"])
             assert x["transients_size_function"] == name + "_transients_size"
-            # The grid sampler accumulates dx in slots of H*W pixels x 8 channels and keeps the
+            # The grid sampler accumulates dx in slots of H*W pixels x min(C, 8) channels, keeps the
             # channel blocks' partial grid-gradient sums, and the upsample its window tables:
             # these grow with the shapes (None).  Only nearest's grad_grid alone (zeros) needs
             # no scratch ("0").
