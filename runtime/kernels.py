@@ -17,6 +17,8 @@ from .store import load_module_bytes
 
 __all__ = ["Kernel", "LoadedModule", "load_module"]
 
+_SIZE_CACHE_ENTRIES = 4096  # workspace sizes remembered per kernel (by argument shapes)
+
 
 class LoadedModule:
     """One vmfb loaded into a VM context on one device."""
@@ -46,6 +48,7 @@ class Kernel:
         refl = self.function.reflection
         const = refl.get("iree.abi.transients.size.constant")
         self.constant_workspace = int(const) if const is not None else None
+        self._sizes = {}  # argument shapes -> workspace bytes (a call of the companion each is ~40 us)
 
     def _args(self, views, workspace, wait, signal):
         args = rt.VmVariantList(len(views) + 3)
@@ -57,9 +60,21 @@ class Kernel:
         return args
 
     def workspace_size(self, views) -> int:
-        """Bytes of workspace the call with these buffer views needs (from the module itself)."""
+        """Bytes of workspace the call with these buffer views needs, from the module itself
+        (its `_transients_size` companion); remembered per argument shapes, on which alone it
+        depends."""
         if self.constant_workspace is not None:
             return self.constant_workspace
+        key = tuple(tuple(v.shape) for v in views)
+        size = self._sizes.get(key)
+        if size is None:
+            size = self._query_workspace_size(views)
+            if len(self._sizes) >= _SIZE_CACHE_ENTRIES:  # a bound, not an LRU: shapes rarely vary that much
+                self._sizes.clear()
+            self._sizes[key] = size
+        return size
+
+    def _query_workspace_size(self, views) -> int:
         dev = self.module.device
         sem = dev.hal.create_semaphore(0)
         signal = rt.HalFence.create_at(sem, 1)

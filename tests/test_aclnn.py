@@ -299,6 +299,22 @@ def test_grid_sampler_valid_arguments_succeed():
     assert status == SUCCESS and ws_dx == -(-slots // 64) * 64
 
 
+def test_workspace_size_remembered_per_shape():
+    """Phase 1 remembers the module's workspace answer per argument shapes (a query of the
+    module costs tens of microseconds a call): with shapes alternating, each call still gets
+    its own shape's size, the one the module's _transients_size function computes for it."""
+    sizes = {}
+    for H in (4, 16, 4, 16, 4):
+        args = _gs_args(H=H)
+        args["outputMask"] = A.aclCreateBoolArray([True, False])
+        status, ws, ex = _gs_call(args)
+        assert status == SUCCESS
+        assert ws == ex.kernel._query_workspace_size(ex.views)
+        sizes.setdefault(H, set()).add(ws)
+    # A slot per block holds H*W*3 floats: the two heights need different workspaces.
+    assert len(sizes[4]) == len(sizes[16]) == 1 and sizes[4] != sizes[16]
+
+
 @pytest.mark.parametrize("mask", [(True, False), (True, True)])
 def test_grid_sampler_workspace_within_largest_input(mask):
     """Where the largest input has room for two slots, the workspace stays within it (the
