@@ -281,8 +281,9 @@ def _check_64bit_conversions(text):
 def test_offsets_are_64_bit(spec):
     """Every float coordinate becomes an offset through i64 and then index (64-bit on
     64-bit targets); nothing narrows a coordinate or an offset to i32.  Only the six
-    sizes (and the channel-block count of the fused kernel) travel as i32 push constants (each dimension < 2^31), widened without sign
-    extension (index_castui / uitofp)."""
+    sizes (and the channel-block count of the fused kernel) travel as i32 push constants
+    (each dimension < 2^31), widened without sign extension (index_castui / uitofp), beside
+    the block pass's gradient flags (tested bit by bit, never an offset)."""
     text = rendered(spec)
     _check_64bit_conversions(text)
     # each i64 from a float conversion goes straight to index
@@ -297,7 +298,11 @@ def test_offsets_are_64_bit(spec):
               or re.search(r"arith\.uitofp %k\d : i32 to !ct", line)
               or re.search(r"%\w+i = arith\.index_cast %(N|C|H|W|Ho|Wo|NB) : index to i32", line)
               or re.search(r"flow\.dispatch|^\s*: \(i32, i32, i32, i32, i32, i32,", line)
-              or re.search(r"^\s*: \(i32, i32, i32, i32, tensor<\?x\?x\?x\?x2x!ct>", line))  # the block sum
+              or re.search(r"^\s*: \(i32, i32, i32, i32, tensor<\?x\?x\?x\?x2x!ct>", line)  # the block sum
+              # the block pass's flags: constants, and a bit test of the seventh push constant
+              or re.search(r"^\s*%(kflags|c[012]_i32) = arith\.constant [0-3] : i32$", line)
+              or re.search(r"^\s*%kf_d[xg] = arith\.andi %kf, %c[12]_i32 : i32$", line)
+              or re.search(r"^\s*%with_d[xg] = arith\.cmpi ne, %kf_d[xg], %c0_i32 : i32$", line))
         assert ok, f"unexpected i32 use: {line.strip()}"
 
 
