@@ -857,6 +857,29 @@ def test_deterministic(mode, pad, ac):
         assert np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32))
 
 
+@pytest.mark.parametrize("mode,pad,ac", DETERMINISM_SPECS, ids=combo_ids(DETERMINISM_SPECS))
+@pytest.mark.parametrize("mask", [(True, True), (True, False), (False, True)])
+def test_same_bits_for_every_worker_count(mode, pad, ac, mask):
+    """The CPU pass runs one workgroup per worker (at most), each over a share of the
+    channel blocks: the bits must not depend on how many workers there are (the
+    performance issue's rule).  3 x 20 channels = 9 blocks of 8 (the last of 4) over
+    1, 2 and 3 workers and the synchronous device."""
+    from aclnn_iree.runtime.device import Device
+    rng = np.random.default_rng(11)
+    go, x, grid = random_case(rng, (3, 20, 9, 7, 8, 6))
+    grid = (grid * 0.5).astype(np.float32)  # many points per pixel
+    runs = [gsb(go, x, grid, mode, pad, ac, mask, device=dev)
+            for dev in ("local-sync", Device("local-task", threads=1), Device("local-task", threads=2),
+                        Device("local-task", threads=3))]
+    for k in range(2):
+        if not mask[k]:
+            assert all(r[k] is None for r in runs)
+            continue
+        assert np.any(runs[0][k] != 0) or (mode == 1 and k == 1)  # nearest: grad_grid is 0
+        for r in runs[1:]:
+            assert np.array_equal(r[k].view(np.uint32), runs[0][k].view(np.uint32))
+
+
 # ----------------------------------------------------------------------------------------
 # Other dtypes
 # ----------------------------------------------------------------------------------------

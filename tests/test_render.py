@@ -283,7 +283,8 @@ def test_offsets_are_64_bit(spec):
     64-bit targets); nothing narrows a coordinate or an offset to i32.  Only the six
     sizes (and the channel-block count of the fused kernel) travel as i32 push constants
     (each dimension < 2^31), widened without sign extension (index_castui / uitofp), beside
-    the block pass's gradient flags (tested bit by bit, never an offset)."""
+    the block pass's gradient flags (tested bit by bit, never an offset) and the device's
+    worker count (a workgroup count)."""
     text = rendered(spec)
     _check_64bit_conversions(text)
     # each i64 from a float conversion goes straight to index
@@ -302,7 +303,10 @@ def test_offsets_are_64_bit(spec):
               # the block pass's flags: constants, and a bit test of the seventh push constant
               or re.search(r"^\s*%(kflags|c[012]_i32) = arith\.constant [0-3] : i32$", line)
               or re.search(r"^\s*%kf_d[xg] = arith\.andi %kf, %c[12]_i32 : i32$", line)
-              or re.search(r"^\s*%with_d[xg] = arith\.cmpi ne, %kf_d[xg], %c0_i32 : i32$", line))
+              or re.search(r"^\s*%with_d[xg] = arith\.cmpi ne, %kf_d[xg], %c0_i32 : i32$", line)
+              # the worker count, which caps the block pass's workgroup count
+              or re.search(r'hal\.device\.query<%device : !hal\.device> key\("hal\.dispatch" :: "concurrency"\) : i1, i32 = 1 : i32$', line)
+              or re.search(r"^\s*%wk = arith\.index_castui %workers : i32 to index$", line))
         assert ok, f"unexpected i32 use: {line.strip()}"
 
 
