@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import time
 
 import iree.runtime as rt
 import numpy as np
@@ -351,11 +352,15 @@ def _run(op, workspace, workspaceSize, executor, stream) -> int:
         ws_buffer = executor.device.placeholder
     # Everything the call reads stays alive until the stream has passed it, even when a
     # single-use executor is released right below (e.g. the upsample's internal scales).
-    wait, signal = stream.next_fences(retain=(executor.keep, executor.zero_fill, executor.views, ws_buffer,
-                                              workspace))
+    wait, signal, value = stream.next_fences_at(retain=(executor.keep, executor.zero_fill, executor.views,
+                                                        ws_buffer, workspace))
     try:
         if executor.kernel is not None:
-            executor.kernel.launch(executor.views, ws_buffer, wait, signal)
+            kernel, views = executor.kernel, executor.views
+            launched = time.perf_counter()
+            kernel.launch(views, ws_buffer, wait, signal)
+            stream.expect(value, launched, kernel.expected_seconds(views),
+                          lambda seconds: kernel.note_seconds(views, seconds))
         else:
             _enqueue_zero_fill(executor, wait, signal)
     except Exception as e:

@@ -49,6 +49,7 @@ class Kernel:
         const = refl.get("iree.abi.transients.size.constant")
         self.constant_workspace = int(const) if const is not None else None
         self._sizes = {}  # argument shapes -> workspace bytes (a call of the companion each is ~40 us)
+        self._seconds = {}  # argument shapes -> a recent duration of the call (see expected_seconds)
 
     def _args(self, views, workspace, wait, signal):
         args = rt.VmVariantList(len(views) + 3)
@@ -59,13 +60,33 @@ class Kernel:
         args.push_ref(signal)
         return args
 
+    @staticmethod
+    def _shape_key(views) -> tuple:
+        return tuple(tuple(v.shape) for v in views)
+
+    def expected_seconds(self, views):
+        """About how long a call with these argument shapes took before (seconds; the
+        fastest recent run), or None: lets a CPU stream sleep through most of a call
+        instead of polling its timeline (see aclrtStream.expect)."""
+        return self._seconds.get(self._shape_key(views))
+
+    def note_seconds(self, views, seconds: float):
+        """Records the observed duration of a call: a faster run replaces the estimate, a
+        slower one moves it a quarter of the way (so a slow first run, or a slower
+        machine, never makes a stream sleep past the end of a call for long)."""
+        key = self._shape_key(views)
+        old = self._seconds.get(key)
+        if len(self._seconds) >= _SIZE_CACHE_ENTRIES:
+            self._seconds.clear()
+        self._seconds[key] = seconds if old is None or seconds < old else 0.75 * old + 0.25 * seconds
+
     def workspace_size(self, views) -> int:
         """Bytes of workspace the call with these buffer views needs, from the module itself
         (its `_transients_size` companion); remembered per argument shapes, on which alone it
         depends."""
         if self.constant_workspace is not None:
             return self.constant_workspace
-        key = tuple(tuple(v.shape) for v in views)
+        key = self._shape_key(views)
         size = self._sizes.get(key)
         if size is None:
             size = self._query_workspace_size(views)

@@ -316,6 +316,42 @@ def test_workspace_size_remembered_per_shape():
     assert len(sizes[4]) == len(sizes[16]) == 1 and sizes[4] != sizes[16]
 
 
+def test_call_duration_estimate_and_presleep():
+    """A CPU stream sleeps through most of a call it has timed before: phase 2 records
+    each call's observed duration on its kernel, and the estimate is the fastest run,
+    moving only a quarter of the way towards a slower one (a slow first run must not make
+    later waits oversleep).  The results stay those of a plain wait."""
+    go, x, grid = gs_arrays(N=4, C=16, H=48, W=48, Ho=48, Wo=48)
+    status, stream = A.aclrtCreateStream(DEVICE)
+    t = gs_tensors(go, x, grid)
+    status, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
+        *t[:3], 0, 0, False, A.aclCreateBoolArray([True, True]), t[3], t[4])
+    assert status == SUCCESS and A.aclSetAclOpExecutorRepeatable(ex) == SUCCESS
+    _, workspace = A.aclrtMalloc(ws, stream)
+    kernel = ex.kernel
+    outs = []
+    for _ in range(3):
+        assert A.aclnnGridSampler2DBackward(workspace, ws, ex, stream) == SUCCESS
+        assert A.aclrtSynchronizeStream(stream) == SUCCESS
+        outs.append((t[3].numpy(), t[4].numpy()))
+        assert kernel.expected_seconds(ex.views) > 0
+    for a, b in outs[1:]:
+        assert_bitwise(a, outs[0][0])
+        assert_bitwise(b, outs[0][1])
+    r_dx, r_dg = R.grid_sampler_2d_backward(go, x, grid, 0, 0, False)
+    assert_close(outs[0][0], r_dx, np.float32)
+    assert_close(outs[0][1], r_dg, np.float32)
+    # the estimator alone
+    views = ex.views
+    kernel._seconds.clear()
+    kernel.note_seconds(views, 0.050)  # a slow first run
+    kernel.note_seconds(views, 0.003)
+    assert kernel.expected_seconds(views) == 0.003
+    kernel.note_seconds(views, 0.007)
+    assert kernel.expected_seconds(views) == pytest.approx(0.004)
+    assert A.aclDestroyAclOpExecutor(ex) == SUCCESS
+
+
 @pytest.mark.parametrize("mask", [(True, False), (True, True)])
 def test_grid_sampler_workspace_within_largest_input(mask):
     """Where the largest input has room for two slots, the workspace stays within it (the
