@@ -98,8 +98,8 @@ class aclTensor:
 
     @property
     def size(self) -> int:
-        """Number of elements."""
-        return int(np.prod(self.shape, dtype=np.int64))
+        """Number of elements (an exact Python int)."""
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
