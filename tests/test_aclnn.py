@@ -363,6 +363,20 @@ def test_grid_sampler_workspace_within_largest_input(mask):
     assert status == SUCCESS and 8 * 8 * 8 * 4 <= ws <= largest
 
 
+def test_grid_sampler_one_slot_when_only_one_fits():
+    """dx alone of one 9-channel image: two blocks (8 + 1 channels), but the input
+    (9 x 20 x 20 floats, 14400 B) holds only one slot of 20 x 20 pixels x 8 channels
+    (12800 B): one slot does both blocks in turn, within the largest input, and the
+    result is still right."""
+    go, x, grid = gs_arrays(N=1, C=9, H=20, W=20, Ho=20, Wo=20)
+    args = _gs_args(N=1, C=9, H=20, W=20, Ho=20, Wo=20)
+    args["outputMask"] = A.aclCreateBoolArray([True, False])
+    status, ws, _ = _gs_call(args)
+    assert status == SUCCESS and ws == 20 * 20 * 8 * 4
+    dx, _ = api.grid_sampler_2d_backward(go, x, grid, 0, 0, False, (True, False))
+    assert_close(dx, R.grid_sampler_2d_backward(go, x, grid, 0, 0, False)[0], np.float32)
+
+
 def test_grid_sampler_dx_workspace_of_one_image_is_its_input():
     """dx alone of one 3-channel image: one slot of H*W pixels x 3 channels (float32), the
     input's own size; the pass's grad_grid output, not computed, takes no memory."""
