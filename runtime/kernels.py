@@ -17,7 +17,14 @@ from .store import load_module_bytes
 
 __all__ = ["Kernel", "LoadedModule", "load_module"]
 
-_SIZE_CACHE_ENTRIES = 4096  # workspace sizes remembered per kernel (by argument shapes)
+_SHAPE_CACHE_ENTRIES = 4096  # values remembered per kernel by argument shapes (a bound, not an LRU)
+
+
+def _remember(cache: dict, key, value):
+    """cache[key] = value, clearing the cache first when it is full: shapes rarely vary that much."""
+    if len(cache) >= _SHAPE_CACHE_ENTRIES:
+        cache.clear()
+    cache[key] = value
 
 
 class LoadedModule:
@@ -76,9 +83,7 @@ class Kernel:
         machine, never makes a stream sleep past the end of a call for long)."""
         key = self._shape_key(views)
         old = self._seconds.get(key)
-        if len(self._seconds) >= _SIZE_CACHE_ENTRIES:
-            self._seconds.clear()
-        self._seconds[key] = seconds if old is None or seconds < old else 0.75 * old + 0.25 * seconds
+        _remember(self._seconds, key, seconds if old is None or seconds < old else 0.75 * old + 0.25 * seconds)
 
     def workspace_size(self, views) -> int:
         """Bytes of workspace the call with these buffer views needs, from the module itself
@@ -90,9 +95,7 @@ class Kernel:
         size = self._sizes.get(key)
         if size is None:
             size = self._query_workspace_size(views)
-            if len(self._sizes) >= _SIZE_CACHE_ENTRIES:  # a bound, not an LRU: shapes rarely vary that much
-                self._sizes.clear()
-            self._sizes[key] = size
+            _remember(self._sizes, key, size)
         return size
 
     def _query_workspace_size(self, views) -> int:
