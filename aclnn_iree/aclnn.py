@@ -352,8 +352,8 @@ def _run(op, workspace, workspaceSize, executor, stream) -> int:
         ws_buffer = executor.device.placeholder
     # Everything the call reads stays alive until the stream has passed it, even when a
     # single-use executor is released right below (e.g. the upsample's internal scales).
-    wait, signal, value = stream.next_fences_at(retain=(executor.keep, executor.zero_fill, executor.views,
-                                                        ws_buffer, workspace))
+    wait, signal, value = stream.next_fences(retain=(executor.keep, executor.zero_fill, executor.views,
+                                                     ws_buffer, workspace))
     try:
         if executor.kernel is not None:
             kernel, views = executor.kernel, executor.views

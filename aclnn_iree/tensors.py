@@ -180,14 +180,11 @@ class aclrtStream:
         self._expect = None  # (timeline value, launch time, expected seconds, on_done): see expect()
 
     def next_fences(self, retain=()):
-        """(wait, signal) fences for the next piece of work; advances the timeline.
+        """(wait fence, signal fence, signal value) for the next piece of work; advances the
+        timeline.
 
         `retain`: objects the work reads, kept alive until the timeline reaches its signal.
         """
-        return self.next_fences_at(retain)[:2]
-
-    def next_fences_at(self, retain=()):
-        """next_fences, and the timeline value the signal fence stands for."""
         self._prune()
         with self._lock:
             v = self.value
@@ -221,13 +218,15 @@ class aclrtStream:
         if expect is not None and expect[0] != v:
             expect = None  # later work was enqueued after it: its estimate says nothing
         if self.device.is_host:
-            if expect is not None and expect[2] is not None and expect[2] > _PRESLEEP_MIN_S:
-                left = expect[1] + _PRESLEEP_SHARE * expect[2] - time.perf_counter()
-                if left > 0:
-                    time.sleep(min(left, _PRESLEEP_MAX_S))
+            if expect is not None:
+                _, launched, seconds, on_done = expect
+                if seconds is not None and seconds > _PRESLEEP_MIN_S:
+                    left = launched + _PRESLEEP_SHARE * seconds - time.perf_counter()
+                    if left > 0:
+                        time.sleep(min(left, _PRESLEEP_MAX_S))
             self._sleep_until(v)
             if expect is not None:
-                expect[3](time.perf_counter() - expect[1])
+                on_done(time.perf_counter() - launched)
         rt.HalFence.create_at(self.semaphore, v).wait()  # returns at once when done; raises on failure
         self._prune()
 
