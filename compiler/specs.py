@@ -27,8 +27,8 @@ LAYOUTS = ("NCHW", "NHWC")
 GRID_DX_CHANNEL_BLOCK = 8
 # Lanes of the NHWC upsample kernel's loads and FMAs along C (masked at the tail).
 UPSAMPLE_VECTOR_WIDTH = 8
-# Stack buffer of the NCHW upsample kernel's partial row (W_out values).
-# Longer rows take a slower path.
+# Stack buffer of the CPU upsample kernels' H-pass sums: NCHW's row (W_out values; longer
+# rows take a slower path), NHWC's tile of W_out columns x one channel chunk.
 UPSAMPLE_ROW_BYTES = 16384
 # Invocations per workgroup of the GPU forms (a multiple of every subgroup size seen:
 # lavapipe's 8, NVIDIA's 32, AMD's 64).
@@ -177,9 +177,8 @@ class UpsampleSpec:
         d = DTYPES[self.dtype]
         params = dict(kernel_name=self.kernel_name, align_corners=self.align_corners, layout=self.layout,
                       storage_type=d.storage, compute_type=d.compute, vector_width=UPSAMPLE_VECTOR_WIDTH,
-                      gpu=target is not None and target.is_gpu, gpu_workgroup=GPU_WORKGROUP_SIZE)
-        if self.layout == "NCHW":  # the NCHW kernel's stack row (NHWC keeps its sums in registers)
-            params["row_cap"] = UPSAMPLE_ROW_BYTES // (8 if d.compute == "f64" else 4)
+                      gpu=target is not None and target.is_gpu, gpu_workgroup=GPU_WORKGROUP_SIZE,
+                      row_cap=UPSAMPLE_ROW_BYTES // (8 if d.compute == "f64" else 4))
         return params
 
 

@@ -1,0 +1,121 @@
+"""The CPU upsample kernel's forms (templates/upsample_bilinear2d_backward.mlir.j2).
+
+* NHWC runs separably, an H pass into a stack tile of output columns, then a W pass, in
+  the NCHW kernel's order of operations: the two layouts give the same bits.  The tile
+  holds row_cap / C_padded columns, so wide rows take several tiles (whose windows
+  overlap) and many channels take short tiles.
+* A W window longer than a tile (W up-sampled ~64x in float32, ~32x in float64) or more
+  channels than a tile holds takes the direct per-pixel form instead; checked against
+  the float64 reference with the dtype-derived bound of test_dtypes.
+* dx of at least 4 MiB is written with non-temporal stores where the output and its rows
+  are 64-byte aligned, with masked stores elsewhere: both give the same bits.
+"""
+import numpy as np
+import pytest
+
+from aclnn_iree import aclnn as A
+from aclnn_iree import api
+from aclnn_iree import reference as R
+from aclnn_iree.compiler import specs
+from test_dtypes import BF16, F16, F32, F64, UpsampleCase, check_case, error_bound
+
+DEVICE = "local-task"  # the forms under test are the CPU kernel's
+
+
+def _both_layouts(go, out_hw, in_hw, ac):
+    """dx from the NCHW and from the NHWC kernel, both as NCHW arrays."""
+    N, C = go.shape[:2]
+    nchw = api.upsample_bilinear2d_backward(go, out_hw, (N, C) + in_hw, ac, device=DEVICE)
+    nhwc = api.upsample_bilinear2d_backward(np.ascontiguousarray(go.transpose(0, 2, 3, 1)), out_hw,
+                                            (N,) + in_hw + (C,), ac, memory_format="NHWC", device=DEVICE)
+    return nchw, np.ascontiguousarray(nhwc.transpose(0, 3, 1, 2))
+
+
+def _tile_columns(dtype, C):
+    """Output columns per NHWC stack tile (0: none fits, the direct form runs)."""
+    params = specs.UpsampleSpec(False, np.dtype(dtype).name).template_params()
+    chunk = 4 * params["vector_width"]
+    return params["row_cap"] // (-(-C // chunk) * chunk)
+
+
+# (N, C, (H_in, W_in), (H_out, W_out)): several tiles per row, many channels (short tiles),
+# a channel count that is no multiple of the chunk, down-sampling, mixed directions.
+SEPARABLE_SHAPES = [
+    (2, 64, (6, 150), (11, 300)),
+    (1, 300, (5, 40), (9, 80)),
+    (2, 19, (7, 33), (13, 65)),
+    (1, 8, (30, 200), (14, 90)),
+    (1, 5, (4, 100), (9, 37)),
+]
+
+
+@pytest.mark.parametrize("ac", [False, True])
+@pytest.mark.parametrize("dtype", [F32, F64, F16, BF16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", SEPARABLE_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}_{s[2]}to{s[3]}")
+def test_nhwc_gives_the_nchw_bits(shape, dtype, ac):
+    N, C, in_hw, out_hw = shape
+    go = np.random.default_rng(11).standard_normal((N, C) + out_hw).astype(dtype)
+    nchw, nhwc = _both_layouts(go, out_hw, in_hw, ac)
+    np.testing.assert_array_equal(nhwc.view(np.uint8), nchw.view(np.uint8))
+    check_case(UpsampleCase("separable", go.astype(np.float64), in_hw, ac, "NHWC"), dtype)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, F16, BF16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("what", ["window", "channels"])
+def test_nhwc_direct_form_beyond_a_tile(what, dtype):
+    """The per-pixel form, where a tile holds less than one W window (W 2 -> 300), or no
+    column at all (more channels than the tile's values)."""
+    if what == "window":
+        C, in_hw, out_hw = 3, (3, 2), (5, 300)
+        assert _tile_columns(dtype, C) < 2 * 300 // 2  # the window (~300 columns) exceeds the tile
+    else:
+        C, in_hw, out_hw = 8200, (2, 3), (3, 5)
+        assert _tile_columns(dtype, C) == 0
+    go = np.random.default_rng(12).standard_normal((1, C) + out_hw)
+    for ac in (False, True):
+        check_case(UpsampleCase(what, go, in_hw, ac, "NHWC"), dtype)
+
+
+def _aclnn_dx(go, fmt, input_size, out_hw, offset):
+    """dx through the aclnn API, written into an output whose data starts `offset` bytes
+    past a 64-byte boundary."""
+    dt = go.dtype
+    nbytes = int(np.prod(input_size)) * dt.itemsize
+    raw = np.zeros(nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    out_arr = raw[start:start + nbytes].view(dt).reshape(input_size)
+    status, stream = A.aclrtCreateStream(DEVICE)
+    assert status == A.ACLNN_SUCCESS
+    out = A.aclCreateTensor(out_arr, fmt, stream=stream)
+    status, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
+        A.aclCreateTensor(go, fmt, stream=stream), A.aclCreateIntArray(list(out_hw)),
+        A.aclCreateIntArray(list(input_size)), False, -1.0, -1.0, out)
+    assert status == A.ACLNN_SUCCESS, A.aclGetRecentErrMsg()
+    workspace = None
+    if ws:
+        status, workspace = A.aclrtMalloc(ws, stream)
+        assert status == A.ACLNN_SUCCESS
+    assert A.aclnnUpsampleBilinear2dBackwardV2(workspace, ws, ex, stream) == A.ACLNN_SUCCESS
+    assert A.aclrtSynchronizeStream(stream) == A.ACLNN_SUCCESS
+    return out.numpy().copy()
+
+
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+def test_large_dx_any_output_alignment(fmt):
+    """4 MiB of float32 dx (non-temporal stores where aligned): a 64-byte aligned output and
+    ones 4, 16 and 32 bytes off give the same bits, within the float32 bound of the
+    reference (scale 2: exact weights, so only the float32 sums round)."""
+    N, C, H, W = 16, 64, 32, 32
+    go = np.random.default_rng(13).standard_normal((N, C, 2 * H, 2 * W)).astype(np.float32)
+    size = (N, C, H, W) if fmt == "NCHW" else (N, H, W, C)
+    go_l = go if fmt == "NCHW" else np.ascontiguousarray(go.transpose(0, 2, 3, 1))
+    assert int(np.prod(size)) * 4 >= 4 << 20
+    results = [_aclnn_dx(go_l, fmt, size, (2 * H, 2 * W), off) for off in (0, 4, 16, 32)]
+    for r in results[1:]:
+        np.testing.assert_array_equal(r.view(np.uint8), results[0].view(np.uint8))
+    dx = results[0] if fmt == "NCHW" else results[0].transpose(0, 3, 1, 2)
+    g64 = go.astype(np.float64)
+    want = R.upsample_bilinear2d_backward(g64, (2 * H, 2 * W), (N, C, H, W), False)
+    S = R.upsample_bilinear2d_backward(np.abs(g64), (2 * H, 2 * W), (N, C, H, W), False)  # weights >= 0
+    bound, _ = error_bound(want, S, 16, 0.0, F32)  # at most 4 x 4 taps per dx pixel
+    assert np.all(np.abs(dx - want) <= bound)
