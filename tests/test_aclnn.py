@@ -291,13 +291,25 @@ def test_grid_sampler_valid_arguments_succeed():
     args["outputMask"] = A.aclCreateBoolArray([True, False])
     status, ws_dx, _ = _gs_call(args)
     # dx alone: the CPU accumulation slots, H*W pixels x min(C, 8) interleaved channels
-    # each, as many as fit in the largest input's bytes (at most 16, one per block of 8
-    # channels, at least two when there are two blocks): here x is 2*3*4*5 floats
-    # (480 B), a slot 4*5*3 floats, and there are 2 blocks (N = 2).  IREE rounds a
-    # transient allocation up to 64 bytes; the pass's grid-gradient output, not computed
-    # here, is an empty placeholder that takes no memory.
-    slots = 2 * 4 * 5 * 3 * 4
+    # each, one per worker thread at most, no more than the blocks of 8 channels, and as
+    # many as fit in the largest input's bytes: here x is 2*3*4*5 floats (480 B), a slot
+    # 4*5*3 floats, and there are 2 blocks (N = 2).  IREE rounds a transient allocation
+    # up to 64 bytes; the pass's grid-gradient output, not computed here, is an empty
+    # placeholder that takes no memory.
+    slots = min(2, _local_task_workers()) * 4 * 5 * 3 * 4
     assert status == SUCCESS and ws_dx == -(-slots // 64) * 64
+
+
+def _local_task_workers():
+    """The worker threads of this process's local-task device, as the grid sampler's phase 1
+    counts its slots (test_grid_sampler.py::test_one_slot_per_worker checks that count
+    against explicit worker counts): dx alone of 64 one-channel 8 x 8 images has room
+    for 64 slots of 256 B."""
+    args = _gs_args(N=64, C=1, H=8, W=8, Ho=8, Wo=8)
+    args["outputMask"] = A.aclCreateBoolArray([True, False])
+    status, ws, _ = _gs_call(args)
+    assert status == SUCCESS and ws % 256 == 0
+    return ws // 256
 
 
 def test_workspace_size_remembered_per_shape():

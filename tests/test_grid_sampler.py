@@ -857,27 +857,86 @@ def test_deterministic(mode, pad, ac):
         assert np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32))
 
 
-@pytest.mark.parametrize("mode,pad,ac", DETERMINISM_SPECS, ids=combo_ids(DETERMINISM_SPECS))
-@pytest.mark.parametrize("mask", [(True, True), (True, False), (False, True)])
-def test_same_bits_for_every_worker_count(mode, pad, ac, mask):
-    """The CPU pass runs one workgroup per worker (at most), each over a share of the
-    channel blocks: the bits must not depend on how many workers there are (the
-    performance issue's rule).  3 x 20 channels = 9 blocks of 8 (the last of 4) over
-    1, 2 and 3 workers and the synchronous device."""
-    from aclnn_iree.runtime.device import Device
+# IREE fixes a process's local-task worker count when it creates the driver (later devices
+# of the process share it), so each worker count runs in its own process.
+WORKER_COUNTS = ("local-sync", 1, 2, 3)
+MASKS = [(True, True), (True, False), (False, True)]
+_WORKER_CHILD = """
+import sys, numpy as np
+from aclnn_iree import aclnn as A
+from aclnn_iree.api import grid_sampler_2d_backward as gsb
+from aclnn_iree.runtime.device import Device
+src, dst, which, specs, masks = sys.argv[1], sys.argv[2], sys.argv[3], eval(sys.argv[4]), eval(sys.argv[5])
+dev = which if which == "local-sync" else Device("local-task", threads=int(which))
+d = np.load(src)
+go, x, grid = d["go"], d["x"], d["grid"]
+res = {}
+for mode, pad, ac in specs:
+    for mask in masks:
+        key = f"{mode}{pad}{int(ac)}_{int(mask[0])}{int(mask[1])}"
+        for k, out in enumerate(gsb(go, x, grid, mode, pad, ac, mask, device=dev)):
+            if out is not None:
+                res[f"{key}_{k}"] = out
+        status, stream = A.aclrtCreateStream(dev)
+        t = [A.aclCreateTensor(a, stream=stream) for a in (go, x, grid)]
+        outs = [A.aclCreateTensor(shape=a.shape, dtype=a.dtype, stream=stream) for a in (x, grid)]
+        status, ws, _ = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
+            *t, mode, pad, ac, A.aclCreateBoolArray(list(mask)), *outs)
+        assert status == A.ACLNN_SUCCESS, A.aclGetRecentErrMsg()
+        res[f"{key}_ws"] = np.array(ws)
+np.savez(dst, **res)
+"""
+
+
+@pytest.fixture(scope="module")
+def worker_runs(tmp_path_factory):
+    """{worker count: outputs and workspace sizes of every DETERMINISM_SPECS x mask}.
+    3 x 20 channels = 9 blocks of 8 (the last of 4); many points per pixel."""
+    import subprocess
+    import sys
+    d = tmp_path_factory.mktemp("workers")
     rng = np.random.default_rng(11)
     go, x, grid = random_case(rng, (3, 20, 9, 7, 8, 6))
-    grid = (grid * 0.5).astype(np.float32)  # many points per pixel
-    runs = [gsb(go, x, grid, mode, pad, ac, mask, device=dev)
-            for dev in ("local-sync", Device("local-task", threads=1), Device("local-task", threads=2),
-                        Device("local-task", threads=3))]
+    np.savez(d / "in.npz", go=go, x=x, grid=(grid * 0.5).astype(np.float32))
+    runs = {}
+    for which in WORKER_COUNTS:
+        out = d / f"out_{which}.npz"
+        subprocess.run([sys.executable, "-W", "ignore", "-c", _WORKER_CHILD, str(d / "in.npz"), str(out), str(which),
+                        repr(DETERMINISM_SPECS), repr(MASKS)], check=True, timeout=600)
+        runs[which] = dict(np.load(out))
+    return runs
+
+
+@pytest.mark.parametrize("mode,pad,ac", DETERMINISM_SPECS, ids=combo_ids(DETERMINISM_SPECS))
+@pytest.mark.parametrize("mask", MASKS)
+def test_same_bits_for_every_worker_count(worker_runs, mode, pad, ac, mask):
+    """The CPU pass runs one workgroup per worker, each over a share of the channel blocks:
+    the bits must not depend on how many workers there are (the performance issue's rule).
+    1, 2 and 3 workers and the synchronous device, each in its own process."""
+    key = f"{mode}{pad}{int(ac)}_{int(mask[0])}{int(mask[1])}"
+    first = worker_runs[WORKER_COUNTS[0]]
     for k in range(2):
+        name = f"{key}_{k}"
         if not mask[k]:
-            assert all(r[k] is None for r in runs)
+            assert all(name not in r for r in worker_runs.values())
             continue
-        assert np.any(runs[0][k] != 0) or (mode == 1 and k == 1)  # nearest: grad_grid is 0
-        for r in runs[1:]:
-            assert np.array_equal(r[k].view(np.uint32), runs[0][k].view(np.uint32))
+        assert np.any(first[name] != 0) or (mode == 1 and k == 1)  # nearest: grad_grid is 0
+        for which in WORKER_COUNTS[1:]:
+            assert np.array_equal(worker_runs[which][name].view(np.uint32), first[name].view(np.uint32)), which
+
+
+def test_one_slot_per_worker(worker_runs):
+    """The workspace holds one accumulation slot per worker thread (each workgroup keeps
+    one), not more: dx alone of 9 blocks, whose input (15120 B) has room for 7 slots of
+    9 x 7 pixels x 8 channels (2016 B), takes 1, 2 and 3 slots on 1, 2 and 3 workers
+    (IREE rounds a transient allocation up to 64 bytes); the synchronous device runs
+    one workgroup at a time and gets one slot."""
+    slot = 9 * 7 * 8 * 4
+    for which in WORKER_COUNTS:
+        slots = 1 if which == "local-sync" else which
+        for spec in DETERMINISM_SPECS:
+            key = f"{spec[0]}{spec[1]}{int(spec[2])}_10_ws"
+            assert int(worker_runs[which][key]) == -(-slots * slot // 64) * 64, (which, spec)
 
 
 # ----------------------------------------------------------------------------------------
