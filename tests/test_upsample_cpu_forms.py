@@ -5,8 +5,10 @@
   holds row_cap / C_padded columns, so wide rows take several tiles (whose windows
   overlap) and many channels take short tiles.
 * A W window longer than a tile (W up-sampled ~64x in float32, ~32x in float64) or more
-  channels than a tile holds takes the direct per-pixel form instead; checked against
-  the float64 reference with the dtype-derived bound of test_dtypes.
+  channels than a tile holds takes the direct per-pixel form instead, and NCHW rows
+  longer than its stack row a scalar form: both sum in the separable order, so every
+  form gives the same bits; checked against the float64 reference with the
+  dtype-derived bound of test_dtypes too.
 * dx of at least 4 MiB is written with non-temporal stores where the output and its rows
   are 64-byte aligned, with masked stores elsewhere: both give the same bits.
 """
@@ -61,24 +63,34 @@ def test_nhwc_gives_the_nchw_bits(shape, dtype, ac):
 
 
 @pytest.mark.parametrize("dtype", [F32, F64, F16, BF16], ids=lambda d: np.dtype(d).name)
-@pytest.mark.parametrize("what", ["window", "channels"])
-def test_nhwc_direct_form_beyond_a_tile(what, dtype):
-    """The per-pixel form, where a tile holds less than one W window (W 2 -> 300), or no
-    column at all (more channels than the tile's values)."""
+@pytest.mark.parametrize("what", ["window", "channels", "long_rows"])
+def test_other_forms_give_the_same_bits(what, dtype):
+    """NHWC's per-pixel form, where a tile holds less than one W window (W 2 -> 300) or no
+    column at all (more channels than the tile's values), and NCHW's scalar form for rows
+    longer than its stack row (W_out 5000): the bits of the separable form, and within
+    the reference's bound."""
     if what == "window":
         C, in_hw, out_hw = 3, (3, 2), (5, 300)
-        assert _tile_columns(dtype, C) < 2 * 300 // 2  # the window (~300 columns) exceeds the tile
-    else:
+        assert _tile_columns(dtype, C) < 300  # the window (~300 columns) exceeds the tile
+    elif what == "channels":
         C, in_hw, out_hw = 8200, (2, 3), (3, 5)
         assert _tile_columns(dtype, C) == 0
+    else:
+        C, in_hw, out_hw = 2, (5, 4000), (6, 5000)
+        assert out_hw[1] > specs.UpsampleSpec(False, np.dtype(dtype).name).template_params()["row_cap"]
     go = np.random.default_rng(12).standard_normal((1, C) + out_hw)
     for ac in (False, True):
+        nchw, nhwc = _both_layouts(go.astype(dtype), out_hw, in_hw, ac)
+        np.testing.assert_array_equal(nhwc.view(np.uint8), nchw.view(np.uint8))
         check_case(UpsampleCase(what, go, in_hw, ac, "NHWC"), dtype)
+        check_case(UpsampleCase(what, go, in_hw, ac, "NCHW"), dtype)
 
 
 def _aclnn_dx(go, fmt, input_size, out_hw, offset):
     """dx through the aclnn API, written into an output whose data starts `offset` bytes
-    past a 64-byte boundary."""
+    past a 64-byte boundary.  aclCreateTensor copies into memory of its own (64-byte
+    aligned), so the output wraps the array itself, as the Pythonic layer wraps the
+    caller's arrays (host memory is imported as it is where 16-byte aligned)."""
     dt = go.dtype
     nbytes = int(np.prod(input_size)) * dt.itemsize
     raw = np.zeros(nbytes + 128, np.uint8)
@@ -86,7 +98,8 @@ def _aclnn_dx(go, fmt, input_size, out_hw, offset):
     out_arr = raw[start:start + nbytes].view(dt).reshape(input_size)
     status, stream = A.aclrtCreateStream(DEVICE)
     assert status == A.ACLNN_SUCCESS
-    out = A.aclCreateTensor(out_arr, fmt, stream=stream)
+    out = A._wrap_host(stream.device, out_arr, fmt)
+    assert np.shares_memory(out.host, out_arr) == (offset % 16 == 0)
     status, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
         A.aclCreateTensor(go, fmt, stream=stream), A.aclCreateIntArray(list(out_hw)),
         A.aclCreateIntArray(list(input_size)), False, -1.0, -1.0, out)
@@ -97,20 +110,21 @@ def _aclnn_dx(go, fmt, input_size, out_hw, offset):
         assert status == A.ACLNN_SUCCESS
     assert A.aclnnUpsampleBilinear2dBackwardV2(workspace, ws, ex, stream) == A.ACLNN_SUCCESS
     assert A.aclrtSynchronizeStream(stream) == A.ACLNN_SUCCESS
-    return out.numpy().copy()
+    return out_arr.copy() if offset % 16 == 0 else out.numpy().copy()
 
 
 @pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
 def test_large_dx_any_output_alignment(fmt):
     """4 MiB of float32 dx (non-temporal stores where aligned): a 64-byte aligned output and
-    ones 4, 16 and 32 bytes off give the same bits, within the float32 bound of the
-    reference (scale 2: exact weights, so only the float32 sums round)."""
+    ones 16, 32 and 48 bytes off (written in place) and 4 bytes off (imported as an aligned
+    copy) give the same bits, within the float32 bound of the reference (scale 2: exact
+    weights, so only the float32 sums round)."""
     N, C, H, W = 16, 64, 32, 32
     go = np.random.default_rng(13).standard_normal((N, C, 2 * H, 2 * W)).astype(np.float32)
     size = (N, C, H, W) if fmt == "NCHW" else (N, H, W, C)
     go_l = go if fmt == "NCHW" else np.ascontiguousarray(go.transpose(0, 2, 3, 1))
     assert int(np.prod(size)) * 4 >= 4 << 20
-    results = [_aclnn_dx(go_l, fmt, size, (2 * H, 2 * W), off) for off in (0, 4, 16, 32)]
+    results = [_aclnn_dx(go_l, fmt, size, (2 * H, 2 * W), off) for off in (0, 16, 32, 48, 4)]
     for r in results[1:]:
         np.testing.assert_array_equal(r.view(np.uint8), results[0].view(np.uint8))
     dx = results[0] if fmt == "NCHW" else results[0].transpose(0, 3, 1, 2)
