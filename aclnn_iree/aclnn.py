@@ -42,7 +42,7 @@ from .errors import AclnnError, brief
 from .runtime.device import DeviceUnavailable
 from .runtime.kernels import load_module
 from .runtime.store import ArtifactMissing
-from .tensors import (FORMATS, aclBoolArray, aclIntArray, aclrtBuffer, aclrtStream, aclTensor, aligned,
+from .tensors import (FORMATS, aclBoolArray, aclIntArray, aclrtBuffer, aclrtStream, aclTensor, aligned, empty_aligned,
                       device_of, hal_element_type, _import_or_upload)
 
 __all__ = [
@@ -118,21 +118,57 @@ def aclCreateTensor(array=None, format: str = "ND", *, shape=None, dtype=None, d
     """
     if format not in FORMATS:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"format {brief(format)} is not one of {FORMATS}")
-    dev = device_of(stream if stream is not None else device)
+    dev = _device_arg("aclCreateTensor", stream if stream is not None else device)
     if array is None:
         if shape is None or dtype is None:
             raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR, "aclCreateTensor needs an array, or shape= and dtype=")
-        shape = tuple(int(s) for s in shape)
-        if any(s < 0 for s in shape):
-            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"shape {shape} has a negative dimension")
-        array = np.zeros(shape, dtype)
+        shape, dtype = _shape_arg(shape), _dtype_arg(dtype)
     else:
-        array = np.array(array, copy=True, order="C")  # the tensor owns its data
+        array = np.asarray(array)
+        shape, dtype = array.shape, array.dtype
     try:
-        hal_element_type(array.dtype)
+        hal_element_type(dtype)
     except KeyError:
-        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateTensor: dtype {array.dtype} cannot be held") from None
-    return _wrap_host(dev, array, format)
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateTensor: dtype {dtype} cannot be held") from None
+    try:
+        # The tensor owns its data, on a cache line of its own (see tensors.aligned).
+        data = empty_aligned(shape, dtype)
+    except MemoryError as e:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateTensor: shape {shape} {e}") from None
+    data[...] = 0 if array is None else array
+    return _wrap_host(dev, data, format)
+
+
+def _device_arg(caller: str, device):
+    """The Device of a driver name, Device or live stream, as an aclnn status otherwise."""
+    try:
+        return device_of(device)
+    except DeviceUnavailable as e:
+        raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, f"{caller}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"{caller}: {e}") from None
+
+
+def _shape_arg(shape) -> tuple:
+    """`shape` as a tuple of non-negative ints (bools, floats and strings are not sizes)."""
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateTensor: shape must be a sequence of ints, "
+                                                    f"got {brief(shape)}") from None
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_)) for d in dims):
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateTensor: shape {brief(shape)} is not all ints")
+    dims = tuple(int(d) for d in dims)
+    if any(d < 0 for d in dims):
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateTensor: shape {dims} has a negative dimension")
+    return dims
+
+
+def _dtype_arg(dtype) -> np.dtype:
+    try:
+        return np.dtype(dtype)
+    except TypeError as e:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateTensor: dtype {brief(dtype)}: {e}") from None
 
 
 def _wrap_host(dev, array: np.ndarray, fmt: str) -> aclTensor:
@@ -196,13 +232,7 @@ def aclrtCreateStream(device="local-task"):
 
     A missing driver or device is ACLNN_ERR_RUNTIME_ERROR with a message.
     """
-    try:
-        dev = device_of(device)
-    except DeviceUnavailable as e:
-        raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, str(e)) from None
-    except (TypeError, ValueError) as e:
-        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, str(e)) from None
-    return E.ACLNN_SUCCESS, aclrtStream(dev)
+    return E.ACLNN_SUCCESS, aclrtStream(_device_arg("aclrtCreateStream", device))
 
 
 @_status_call()
@@ -227,12 +257,7 @@ def aclrtMalloc(size, device="local-task"):
     """(status, aclrtBuffer) of `size` bytes on `device` (a driver name or a stream)."""
     if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclrtMalloc: size must be a non-negative int, got {brief(size)}")
-    try:
-        dev = device_of(device)
-    except DeviceUnavailable as e:
-        raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, str(e)) from None
-    except (TypeError, ValueError) as e:
-        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, str(e)) from None
+    dev = _device_arg("aclrtMalloc", device)
     try:
         return E.ACLNN_SUCCESS, aclrtBuffer(dev, int(size))
     except Exception as e:  # the allocator's out-of-memory and size errors

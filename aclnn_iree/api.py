@@ -6,7 +6,6 @@ failing status becomes AclnnError.  So there is one code path for both layers.
 """
 from __future__ import annotations
 
-import math
 import re
 import threading
 
@@ -103,10 +102,8 @@ def _output_tensor(dev, name, shape, dtype, fmt="ND"):
         return A._wrap_host(dev, empty_aligned(shape, dtype), fmt)
     except KeyError:
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"dtype {dtype} is not supported; {_SUPPORTED}") from None
-    except MemoryError:
-        nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
-        raise AclnnError(ACLNN_ERR_PARAM_INVALID,
-                         f"{name} of shape {tuple(shape)} needs {nbytes} bytes, which cannot be allocated") from None
+    except MemoryError as e:
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} of shape {tuple(shape)} {e}") from None
 
 
 def _output_mask(output_mask) -> list:

@@ -31,12 +31,13 @@ def hal_element_type(dtype) -> int:
 def aligned(array: np.ndarray, alignment: int = HOST_ALIGNMENT) -> np.ndarray:
     """`array` as a C-contiguous array whose data starts on an `alignment`-byte boundary.
 
-    Returns `array` itself when it already is one, else an aligned copy (the kernels
-    declare aligned bindings, so imported host memory must honour that).
+    Returns `array` itself when it already is one, else a copy that starts on a cache
+    line (the kernels declare aligned bindings, so imported host memory must honour
+    that; whole cache lines let the kernels write large outputs non-temporally).
     """
     if array.flags.c_contiguous and array.ctypes.data % alignment == 0:
         return array
-    out = empty_aligned(array.shape, array.dtype, alignment)
+    out = empty_aligned(array.shape, array.dtype, max(alignment, 64))
     out[...] = array
     return out
 
@@ -49,13 +50,16 @@ def empty_aligned(shape, dtype, alignment: int = 64) -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts on an `alignment`-byte boundary
     (64 by default: outputs start on a cache line of their own).
 
-    Raises MemoryError when it cannot be allocated (sizes are multiplied as Python ints,
-    so a huge shape never wraps around to a small one).
+    Raises MemoryError when it cannot be allocated, or when NumPy cannot represent the
+    shape at all (its non-zero extents alone span more than any memory, even for an empty
+    array).  Sizes are multiplied as Python ints, so a huge shape never wraps around.
     """
     dtype = np.dtype(dtype)
     nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
     if nbytes > MAX_HOST_BYTES:
-        raise MemoryError(f"{nbytes} bytes")
+        raise MemoryError(f"needs {nbytes} bytes, which cannot be allocated")
+    if math.prod(max(int(d), 1) for d in shape) * dtype.itemsize > MAX_HOST_BYTES:
+        raise MemoryError("has extents too large for an array (even an empty one)")
     raw = np.empty(nbytes + alignment, np.uint8)
     start = (-raw.ctypes.data) % alignment
     return raw[start:start + nbytes].view(dtype).reshape(shape)
@@ -271,6 +275,8 @@ def device_of(device) -> Device:
     if isinstance(device, Device):
         return device
     if isinstance(device, aclrtStream):
+        if device.destroyed:
+            raise ValueError("the stream was destroyed")
         return device.device
     if isinstance(device, str):
         return get_device(device)

@@ -106,6 +106,13 @@ def check_grid_sampler(gradOutput, input, grid, interpolationMode, paddingMode, 
         _fail(INVALID, f"alignCorners must be a bool, got {type(alignCorners).__name__} {brief(alignCorners)}")
     for name, t in (("input", input), ("grid", grid), ("gradOutput", gradOutput)):
         _rank(name, t, 4)
+    # aclnn's grid sampler takes ND tensors, read as (N, C, H, W) and (N, H_out, W_out, 2);
+    # an NHWC tensor would be misread, so it is refused rather than reinterpreted.
+    for name, t in (("gradOutput", gradOutput), ("input", input), ("grid", grid), ("inputGrad", inputGrad),
+                    ("gridGrad", gridGrad)):
+        if t.format == "NHWC":
+            _fail(INVALID, f"{name} has format NHWC; aclnnGridSampler2DBackward reads its tensors as ND "
+                           "((N, C, H, W) and (N, H_out, W_out, 2)): pass them as ND or NCHW")
     N, C, H, W = input.shape
     if grid.shape[0] != N:
         _fail(INVALID, f"grid has N={grid.shape[0]} but input has N={N}")

@@ -234,3 +234,58 @@ def test_zero_dimensional_grad_output_is_reported_with_its_shape():
         aclnn_iree.grid_sampler_2d_backward(np.float32(1), np.ones((1, 1, 2, 2), np.float32),
                                             np.zeros((1, 1, 1, 2), np.float32))
     assert "got shape ()" in str(e.value)
+
+
+# The grid sampler ignored aclTensor.format: NHWC tensors were read as NCHW, with SUCCESS
+# and wrong gradients.  aclnn's grid sampler takes ND tensors; NHWC is now refused.
+@pytest.mark.parametrize("which", range(5))
+def test_grid_sampler_refuses_nhwc_tensors(which):
+    go, x, g, _ = _gs_aclnn_tensors()
+    arrays = [go, x, g, np.zeros_like(x), np.zeros_like(g)]
+    names = ["gradOutput", "input", "grid", "inputGrad", "gridGrad"]
+    tensors = [A.aclCreateTensor(a, "NHWC" if k == which else "ND") for k, a in enumerate(arrays)]
+    status, _, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
+        *tensors[:3], 0, 0, False, A.aclCreateBoolArray([True, True]), *tensors[3:])
+    assert status == A.ACLNN_ERR_PARAM_INVALID and ex is None
+    msg = A.aclGetRecentErrMsg()
+    assert f"{names[which]} has format NHWC" in msg
+
+
+# aclCreateTensor truncated non-integer shapes (2.5 -> 2, "3" -> 3) and reported a bad dtype
+# or an unallocatable shape in NumPy's words, without a status.
+@pytest.mark.parametrize("shape,dtype,words", [
+    ((2.5, 2), np.float32, "not all ints"), (("3", 2), np.float32, "not all ints"),
+    ((True, 2), np.float32, "not all ints"), (3, np.float32, "sequence of ints"),
+    ((2, 2), "nope", "dtype"), ((2**40, 2**40), np.float32, "cannot be allocated")])
+def test_create_tensor_bad_shape_or_dtype_has_a_status(shape, dtype, words):
+    assert A.aclCreateTensor(shape=shape, dtype=dtype) is None
+    msg = A.aclGetRecentErrMsg()
+    assert msg.startswith("ACLNN_ERR_PARAM_INVALID (161002)") and words in msg
+
+
+# A destroyed stream still served aclCreateTensor(stream=) and aclrtMalloc.
+def test_destroyed_stream_is_refused_everywhere():
+    st, stream = A.aclrtCreateStream("local-task")
+    assert A.aclrtDestroyStream(stream) == A.ACLNN_SUCCESS
+    assert A.aclCreateTensor(np.zeros(4, np.float32), stream=stream) is None
+    assert "destroyed" in A.aclGetRecentErrMsg()
+    status, buf = A.aclrtMalloc(64, stream)
+    assert status == A.ACLNN_ERR_PARAM_INVALID and buf is None and "destroyed" in A.aclGetRecentErrMsg()
+
+
+# An empty output whose other extents NumPy cannot represent raised NumPy's ValueError.
+def test_unrepresentable_empty_output_is_an_aclnn_error():
+    with pytest.raises(AclnnError) as e:
+        aclnn_iree.upsample_bilinear2d_backward(np.zeros((0, 3, 8, 10), np.float32), (8, 10), (0, 3, 2**40, 2**40))
+    assert e.value.status == A.ACLNN_ERR_PARAM_INVALID and "grad_input" in str(e.value)
+
+
+# aclCreateTensor's copy started wherever NumPy's allocator put it (16 bytes off a cache
+# line for large arrays), so large outputs rarely got the kernels' non-temporal stores.
+@pytest.mark.parametrize("from_array", [True, False])
+def test_created_tensors_start_on_a_cache_line(from_array):
+    for n in (3, 1000, 1 << 20):
+        t = (A.aclCreateTensor(np.arange(n, dtype=np.float32)) if from_array
+             else A.aclCreateTensor(shape=(n,), dtype=np.float32))
+        assert t.host.ctypes.data % 64 == 0
+        np.testing.assert_array_equal(t.numpy(), np.arange(n, dtype=np.float32) if from_array else np.zeros(n))
