@@ -87,8 +87,9 @@ class Kernel:
 
     def workspace_size(self, views) -> int:
         """Bytes of workspace the call with these buffer views needs, from the module itself
-        (its `_transients_size` companion); remembered per argument shapes, on which alone it
-        depends."""
+        (its `_transients_size` companion); remembered per argument shapes.  Besides the
+        shapes it depends only on this kernel's device (the grid sampler counts its worker
+        threads, which IREE fixes per process)."""
         if self.constant_workspace is not None:
             return self.constant_workspace
         key = self._shape_key(views)
