@@ -36,6 +36,12 @@ class Target:
         return self.name in ("vulkan-spirv", "cuda")
 
     @property
+    def fused_fma(self) -> bool:
+        """Whether the target's fma rounds once.  Vulkan's precision rules let it be a
+        multiply and an add (lavapipe's is, in f32 and f64), so its kernels emulate it."""
+        return self.name != "vulkan-spirv"
+
+    @property
     def float_atomics(self) -> frozenset:
         """Element types the target can add atomically in device memory."""
         if self.name == "cuda":
