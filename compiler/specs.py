@@ -135,8 +135,9 @@ class GridSamplerSpec:
                       align_corners=self.align_corners, storage_type=d.storage, compute_type=d.compute,
                       accum_type=d.accum, ct_inf_hex=d.compute_inf_hex, channel_block=GRID_DX_CHANNEL_BLOCK,
                       gpu=gpu, gpu_workgroup=GPU_WORKGROUP_SIZE, gpu_point_chunk=GPU_POINT_CHUNK,
-                      atomic_dx=gpu and d.accum in target.float_atomics,
-                      fused_fma=target is None or target.fused_fma)
+                      atomic_dx=gpu and d.accum in target.float_atomics)
+        if not self.align_corners:  # only (g + 1) * size - 1 takes an fma
+            params["fused_fma"] = target is None or target.fused_fma
         if self.interpolation_mode != "nearest":  # nearest has no grid gradient to compute
             params["gpu_channel_block"] = GPU_CHANNEL_BLOCK
         return params
