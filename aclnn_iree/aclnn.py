@@ -28,9 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-import time
 
-import iree.runtime as rt
 import numpy as np
 
 from . import errors as E
@@ -291,19 +289,26 @@ class aclOpExecutor:
 
     Single use by default: phase 2 runs it once and releases it.  After
     aclSetAclOpExecutorRepeatable it runs any number of times until
-    aclDestroyAclOpExecutor.  `workspace_size` is in bytes.
+    aclDestroyAclOpExecutor.  `workspace_size` is in bytes.  Thread-safe: phase 2
+    checks and releases a single-use executor atomically, so of two threads racing
+    to run it one succeeds and the other gets 561102.
     """
 
-    def __init__(self, op: str, device, kernel=None, views=(), workspace_size: int = 0, zero_fill=(), keep=()):
+    def __init__(self, op: str, device, kernel=None, views=(), workspace_size: int = 0, zero_fill=(), tensors=()):
         self.op = op
         self.device = device
         self.kernel = kernel  # None: nothing to compute (empty tensors, all-False mask)
         self.views = list(views)
         self.workspace_size = int(workspace_size)
         self.zero_fill = list(zero_fill)  # requested outputs to write as zeros (nothing contributes)
-        self.keep = keep  # objects the call reads, kept alive while the executor lives
+        self.tensors = tuple(tensors) + tuple(zero_fill)  # every tensor bound, checked live in phase 2
+        # What a launch touches, taken now: a tensor destroyed while the launch is queued
+        # then frees nothing the kernel reads or writes (CANN's aclTensor is a descriptor).
+        self.resources = (tuple(t.storage for t in self.tensors), tuple(self.views))
+        self.fills = [(t.buffer, t.nbytes) for t in self.zero_fill]
         self.repeatable = False
         self.destroyed = False
+        self.lock = threading.Lock()
 
     def __repr__(self):
         state = "destroyed" if self.destroyed else ("repeatable" if self.repeatable else "single-use")
@@ -313,16 +318,21 @@ class aclOpExecutor:
 @_status_call()
 def aclSetAclOpExecutorRepeatable(executor) -> int:
     """Lets `executor` run many times; the caller then releases it with aclDestroyAclOpExecutor."""
-    _check_executor(executor)
-    executor.repeatable = True
+    _check_type(executor)
+    with executor.lock:
+        _check_live(executor)
+        executor.repeatable = True
     return E.ACLNN_SUCCESS
 
 
 @_status_call()
 def aclDestroyAclOpExecutor(executor) -> int:
-    """Releases an executor; any later use of it is an error status."""
-    _check_executor(executor)
-    _release(executor)
+    """Releases an executor; any later use of it is an error status.  Work it already
+    enqueued still runs (the stream keeps what that work touches)."""
+    _check_type(executor)
+    with executor.lock:
+        _check_live(executor)
+        _release(executor)
     return E.ACLNN_SUCCESS
 
 
@@ -330,92 +340,83 @@ def _release(executor):
     executor.destroyed = True
     executor.kernel = None
     executor.views = []
-    executor.keep = ()
+    executor.tensors = ()
+    executor.resources = ()
     executor.zero_fill = []
+    executor.fills = []
 
 
-def _check_executor(executor, op=None):
+def _check_type(executor, op=None):
     if executor is None:
         raise AclnnError(E.ACLNN_ERR_INNER_NULLPTR, "executor is None")
     if not isinstance(executor, aclOpExecutor):
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"executor must be an aclOpExecutor, got {type(executor).__name__}")
-    if executor.destroyed:
-        raise AclnnError(E.ACLNN_ERR_INNER_NOT_TRANS_EXECUTOR,
-                         "executor was already run (single use) or destroyed; call phase 1 again, or make it "
-                         "repeatable with aclSetAclOpExecutorRepeatable")
     if op is not None and executor.op != op:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"executor was made for {executor.op}, not {op}")
 
 
-def _run(op, workspace, workspaceSize, executor, stream) -> int:
-    """Phase 2 of either op: checks the executor, stream and workspace, then enqueues the call."""
-    _check_executor(executor, op)
-    _check_stream(stream, executor.device)
-    for t in (*executor.keep, *executor.zero_fill):
-        if isinstance(t, aclTensor) and t.destroyed:
-            raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR,
-                             f"a tensor bound by phase 1 was destroyed before phase 2: {brief(t)}")
+def _check_live(executor):
+    """Under executor.lock: a used-up or destroyed executor is 561102."""
+    if executor.destroyed:
+        raise AclnnError(E.ACLNN_ERR_INNER_NOT_TRANS_EXECUTOR,
+                         "executor was already run (single use) or destroyed; call phase 1 again, or make it "
+                         "repeatable with aclSetAclOpExecutorRepeatable")
+
+
+def _workspace_buffer(workspace, workspaceSize, executor):
+    """The device buffer to pass as the call's workspace, after aclnn's checks of it."""
     if isinstance(workspaceSize, bool) or not isinstance(workspaceSize, (int, np.integer)) or workspaceSize < 0:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"workspaceSize must be a non-negative int, got {brief(workspaceSize)}")
     need = executor.workspace_size
     if workspaceSize < need:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
                          f"workspaceSize {workspaceSize} is smaller than the {need} bytes phase 1 reported")
-    if need > 0:
-        if workspace is None:
-            raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR, f"workspace is None but {need} bytes are needed")
-        if not isinstance(workspace, aclrtBuffer) or workspace.freed:
-            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"workspace must be a live aclrtBuffer, got {brief(workspace)}")
-        if workspace.device is not executor.device:
-            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
-                             f"workspace is on {workspace.device.name}, the executor on {executor.device.name}")
-        if workspace.size < need:
-            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
-                             f"workspace holds {workspace.size} bytes, fewer than the {need} bytes needed")
-        ws_buffer = workspace.buffer
-    else:
-        ws_buffer = executor.device.placeholder
-    # Everything the call reads stays alive until the stream has passed it, even when a
-    # single-use executor is released right below (e.g. the upsample's internal scales).
-    wait, signal, value = stream.next_fences(retain=(executor.keep, executor.zero_fill, executor.views,
-                                                     ws_buffer, workspace))
-    try:
-        if executor.kernel is not None:
-            kernel, views = executor.kernel, executor.views
-            launched = time.perf_counter()
-            kernel.launch(views, ws_buffer, wait, signal)
-            stream.expect(value, launched, kernel.expected_seconds(views),
-                          lambda seconds: kernel.note_seconds(views, seconds))
+    if need == 0:
+        return executor.device.placeholder
+    if workspace is None:
+        raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR, f"workspace is None but {need} bytes are needed")
+    if not isinstance(workspace, aclrtBuffer) or workspace.freed:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"workspace must be a live aclrtBuffer, got {brief(workspace)}")
+    if workspace.device is not executor.device:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
+                         f"workspace is on {workspace.device.name}, the executor on {executor.device.name}")
+    if workspace.size < need:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
+                         f"workspace holds {workspace.size} bytes, fewer than the {need} bytes needed")
+    return workspace.buffer
+
+
+def _run(op, workspace, workspaceSize, executor, stream) -> int:
+    """Phase 2 of either op: checks the executor, stream and workspace, then enqueues the call.
+
+    Under the executor's lock, so a single-use executor is checked, launched and released
+    by one thread only.  The stream keeps everything the call touches (the tensors'
+    buffers and host arrays, the workspace, internal tables) until the call has run."""
+    _check_type(executor, op)
+    with executor.lock:
+        _check_live(executor)
+        _check_stream(stream, executor.device)
+        for t in executor.tensors:
+            if t.destroyed:
+                raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR,
+                                 f"a tensor bound by phase 1 was destroyed before phase 2: {brief(t)}")
+        ws_buffer = _workspace_buffer(workspace, workspaceSize, executor)
+        kernel, views, fills, dev = executor.kernel, executor.views, executor.fills, executor.device
+        if kernel is not None:
+            def enqueue(wait, signal):
+                kernel.launch(views, ws_buffer, wait, signal)
+            estimate = kernel.estimate(views)
         else:
-            _enqueue_zero_fill(executor, wait, signal)
-    except Exception as e:
-        # Nothing was enqueued: keep the stream's timeline moving so later work on it runs.
+            def enqueue(wait, signal):
+                dev.queue_fill(fills, wait, signal)
+            estimate = None
         try:
-            _enqueue_noop(executor.device, wait, signal)
-        except Exception:
-            signal.fail(str(e))  # later work sees the failure instead of waiting forever
-        raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, f"launch failed: {e}") from None
-    if not executor.repeatable:
-        _release(executor)
+            stream.submit(enqueue, keep=(executor.resources, ws_buffer, workspace), estimate=estimate)
+        except Exception as e:
+            raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, f"launch failed: {e}") from None
+        if not executor.repeatable:
+            _release(executor)
     return E.ACLNN_SUCCESS
-
-
-def _enqueue_zero_fill(executor, wait, signal):
-    """Stream-ordered zero fill of the requested outputs (or a no-op that only signals)."""
-    dev = executor.device
-    cb = rt.HalCommandBuffer(dev.hal, binding_capacity=0, begin=True)
-    for t in executor.zero_fill:
-        if t.nbytes:
-            cb.fill(t.buffer, np.zeros(1, np.uint8), 0, t.nbytes)
-    cb.end()
-    dev.hal.queue_execute(cb, wait, signal)  # iree-base-runtime 3.13 takes one command buffer
-
-
-def _enqueue_noop(dev, wait, signal):
-    """An empty command buffer: waits for `wait`, signals `signal`."""
-    cb = rt.HalCommandBuffer(dev.hal, binding_capacity=0, begin=True)
-    cb.end()
-    dev.hal.queue_execute(cb, wait, signal)
 
 
 def _phase1(build):
@@ -593,7 +594,7 @@ def aclnnGridSampler2DBackwardGetWorkspaceSize(gradOutput, input, grid, interpol
     kernel = _load_kernel(dev, spec, spec.function_name(mask, deterministic, target_for_driver(dev.name)))
     views = [gradOutput.view, input.view, grid.view] + [t.view for t in outputs]
     keep = (gradOutput, input, grid, *outputs)
-    return aclOpExecutor(GRID_SAMPLER_OP, dev, kernel, views, _workspace_size(kernel, views), keep=keep)
+    return aclOpExecutor(GRID_SAMPLER_OP, dev, kernel, views, _workspace_size(kernel, views), tensors=keep)
 
 
 @_status_call()
@@ -633,7 +634,7 @@ def aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(gradOut, outputSize, input
     scales = _wrap_host(dev, np.array([rh, rw], compute), "ND")
     views = [gradOut.view, scales.view, out.view]
     return aclOpExecutor(UPSAMPLE_OP, dev, kernel, views, _workspace_size(kernel, views),
-                         keep=(gradOut, scales, out))
+                         tensors=(gradOut, scales, out))
 
 
 @_status_call()

@@ -7,13 +7,12 @@ cuda); work on a stream is ordered by one IREE semaphore timeline.
 from __future__ import annotations
 
 import math
-import threading
-import time
 
 import iree.runtime as rt
 import numpy as np
 
 from .runtime.device import Device, element_type, get_device
+from .runtime.timeline import Timeline
 
 __all__ = ["aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer", "FORMATS",
            "hal_element_type"]
@@ -101,6 +100,13 @@ class aclTensor:
         self.view = rt.HalBufferView(buffer, list(self.shape), hal_element_type(self.dtype))
 
     @property
+    def storage(self) -> tuple:
+        """What work over this tensor touches: its device buffer and, on CPU devices, the host
+        array imported into it (IREE's import does not keep the array alive).  A launch keeps
+        this, not the tensor, until it has run: destroying the tensor does not free it."""
+        return (self.buffer, self.host)
+
+    @property
     def size(self) -> int:
         """Number of elements (an exact Python int)."""
         return math.prod(self.shape)
@@ -161,100 +167,30 @@ class aclBoolArray(_HostArray):
     convert = staticmethod(bool)
 
 
-# A CPU stream sleeps through this share of a call's expected duration before it polls
-# (only for calls expected to take over 1 ms; never more than 1 s at once).
-_PRESLEEP_SHARE, _PRESLEEP_MIN_S, _PRESLEEP_MAX_S = 0.8, 1e-3, 1.0
-
-
 class aclrtStream:
-    """An ordered queue of work on one device (aclrtStream), as one IREE semaphore timeline.
+    """An ordered queue of work on one device (aclrtStream): a runtime Timeline.
 
-    Each launch waits for the timeline's current value and signals the next,
-    so work on one stream runs in order; `synchronize` waits for the last.
-    Thread-safe: several threads may enqueue on one stream.
+    Each launch waits for the timeline's current value and signals the next, so work
+    on one stream runs in order; `synchronize` waits for the last.  The timeline keeps
+    everything a launch touches alive until the launch has run, whatever the caller
+    destroys meanwhile.  Thread-safe: several threads may enqueue on one stream.
     """
 
     def __init__(self, device: Device):
         self.device = device
-        self.semaphore = device.hal.create_semaphore(0)
-        self.value = 0
+        self.timeline = Timeline(device)
         self.destroyed = False
-        self._lock = threading.Lock()
-        self._inflight = []  # (timeline value, objects the work reads) until the stream passes it
-        self._expect = None  # (timeline value, launch time, expected seconds, on_done): see expect()
 
-    def next_fences(self, retain=()):
-        """(wait fence, signal fence, signal value) for the next piece of work; advances the
-        timeline.
-
-        `retain`: objects the work reads, kept alive until the timeline reaches its signal.
-        """
-        self._prune()
-        with self._lock:
-            v = self.value
-            self.value = v + 1
-            if retain:
-                self._inflight.append((v + 1, retain))
-        return rt.HalFence.create_at(self.semaphore, v), rt.HalFence.create_at(self.semaphore, v + 1), v + 1
-
-    def _prune(self):
-        try:
-            done = self.semaphore.query()
-        except Exception:  # a failed timeline: keep everything until synchronize
-            return
-        with self._lock:
-            self._inflight = [(v, o) for v, o in self._inflight if v > done]  # v: the signal value
-
-    def expect(self, value, launched: float, seconds, on_done):
-        """The work that signals `value` was launched at `launched` (time.perf_counter) and
-        took about `seconds` before (None: unknown).  A CPU stream's synchronize then
-        sleeps through most of it in one go instead of waking the machine every 200 us
-        (each wake-up takes a core from the task workers: 8-10 % of a 3-4 ms call on 2
-        cores), and reports the duration it observed to `on_done(seconds)`."""
-        with self._lock:
-            self._expect = (value, launched, seconds, on_done)
+    def submit(self, enqueue, keep=(), estimate=None) -> int:
+        """Enqueues work on the stream (see runtime.timeline.Timeline.submit)."""
+        return self.timeline.submit(enqueue, keep, estimate)
 
     def synchronize(self):
         """Blocks until all work enqueued so far has finished (raises if it failed)."""
-        with self._lock:
-            v = self.value
-            expect, self._expect = self._expect, None
-        if expect is not None and expect[0] != v:
-            expect = None  # later work was enqueued after it: its estimate says nothing
-        if self.device.is_host:
-            if expect is not None:
-                _, launched, seconds, on_done = expect
-                if seconds is not None and seconds > _PRESLEEP_MIN_S:
-                    left = launched + _PRESLEEP_SHARE * seconds - time.perf_counter()
-                    if left > 0:
-                        time.sleep(min(left, _PRESLEEP_MAX_S))
-            self._sleep_until(v)
-            if expect is not None:
-                on_done(time.perf_counter() - launched)
-        rt.HalFence.create_at(self.semaphore, v).wait()  # returns at once when done; raises on failure
-        self._prune()
-
-    def _sleep_until(self, value):
-        """CPU devices: poll the timeline, for 30 us and then with short, growing sleeps
-        (20 us to 200 us).
-        Measured on a 2-core VM: a blocking fence wait often returned only on the next
-        4 ms scheduler tick after a 2 ms kernel had finished (the woken thread queued behind
-        a task worker), while polling finished within 0.2 ms of it; the main thread still
-        sleeps, so the workers keep both cores."""
-        delay, spin_until = 2e-5, time.perf_counter() + 3e-5  # tiny calls: a 30 us spin first
-        while True:
-            try:
-                if self.semaphore.query() >= value:
-                    return
-            except Exception:  # a failed timeline: the fence wait reports it
-                return
-            if time.perf_counter() < spin_until:
-                continue
-            time.sleep(delay)
-            delay = min(delay * 1.5, 2e-4)
+        self.timeline.synchronize()
 
     def __repr__(self):
-        return f"aclrtStream(device={self.device.name}, value={self.value})"
+        return f"aclrtStream(device={self.device.name}, value={self.timeline.value})"
 
 
 class aclrtBuffer:

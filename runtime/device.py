@@ -83,6 +83,19 @@ class Device:
             allowed_usage=rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING,
             device=self.hal, buffer=np.ascontiguousarray(array), element_type=element_type(array.dtype)).get_buffer()
 
+    def queue_fill(self, buffers, wait: rt.HalFence, signal: rt.HalFence):
+        """Enqueues zero fills of (buffer, nbytes) pairs, ordered by the fences (none: a barrier)."""
+        cb = rt.HalCommandBuffer(self.hal, binding_capacity=0, begin=True)
+        for buffer, nbytes in buffers:
+            if nbytes:
+                cb.fill(buffer, np.zeros(1, np.uint8), 0, nbytes)
+        cb.end()
+        self.hal.queue_execute(cb, wait, signal)  # iree-base-runtime 3.13 takes one command buffer
+
+    def queue_barrier(self, wait: rt.HalFence, signal: rt.HalFence):
+        """Enqueues nothing but the ordering: signals `signal` once `wait` is reached."""
+        self.queue_fill((), wait, signal)
+
     def __repr__(self):
         return f"Device({self.name!r})" if self.threads is None else f"Device({self.name!r}, threads={self.threads})"
 

@@ -15,7 +15,7 @@ import iree.runtime as rt
 from .device import Device, on_fork_in_child
 from .store import load_module_bytes
 
-__all__ = ["Kernel", "LoadedModule", "load_module"]
+__all__ = ["Kernel", "LoadedModule", "CallEstimate", "load_module"]
 
 _SHAPE_CACHE_ENTRIES = 4096  # values remembered per kernel by argument shapes (a bound, not an LRU)
 
@@ -25,6 +25,30 @@ def _remember(cache: dict, key, value):
     if len(cache) >= _SHAPE_CACHE_ENTRIES:
         cache.clear()
     cache[key] = value
+
+
+class CallEstimate:
+    """The duration of recent calls of one kernel with one set of argument shapes.
+
+    `seconds`: the fastest recent run (None before the first), which lets a CPU
+    timeline sleep through most of a call instead of polling (runtime.timeline);
+    `record(seconds)` notes an observed duration: a faster run replaces the estimate, a
+    slower one moves it a quarter of the way (so a slow first run, or a slower machine,
+    never makes a timeline sleep past the end of a call for long).
+    """
+
+    __slots__ = ("_table", "_key")
+
+    def __init__(self, table: dict, key):
+        self._table, self._key = table, key
+
+    @property
+    def seconds(self):
+        return self._table.get(self._key)
+
+    def record(self, seconds: float):
+        old = self._table.get(self._key)
+        _remember(self._table, self._key, seconds if old is None or seconds < old else 0.75 * old + 0.25 * seconds)
 
 
 class LoadedModule:
@@ -56,7 +80,7 @@ class Kernel:
         const = refl.get("iree.abi.transients.size.constant")
         self.constant_workspace = int(const) if const is not None else None
         self._sizes = {}  # argument shapes -> workspace bytes (a call of the companion each is ~40 us)
-        self._seconds = {}  # argument shapes -> a recent duration of the call (see expected_seconds)
+        self._seconds = {}  # argument shapes -> a recent duration of the call (see CallEstimate)
 
     def _args(self, views, workspace, wait, signal):
         args = rt.VmVariantList(len(views) + 3)
@@ -71,19 +95,9 @@ class Kernel:
     def _shape_key(views) -> tuple:
         return tuple(tuple(v.shape) for v in views)
 
-    def expected_seconds(self, views):
-        """About how long a call with these argument shapes took before (seconds; the
-        fastest recent run), or None: lets a CPU stream sleep through most of a call
-        instead of polling its timeline (see aclrtStream.expect)."""
-        return self._seconds.get(self._shape_key(views))
-
-    def note_seconds(self, views, seconds: float):
-        """Records the observed duration of a call: a faster run replaces the estimate, a
-        slower one moves it a quarter of the way (so a slow first run, or a slower
-        machine, never makes a stream sleep past the end of a call for long)."""
-        key = self._shape_key(views)
-        old = self._seconds.get(key)
-        _remember(self._seconds, key, seconds if old is None or seconds < old else 0.75 * old + 0.25 * seconds)
+    def estimate(self, views) -> "CallEstimate":
+        """How long a call with these argument shapes took before (see CallEstimate)."""
+        return CallEstimate(self._seconds, self._shape_key(views))
 
     def workspace_size(self, views) -> int:
         """Bytes of workspace the call with these buffer views needs, from the module itself

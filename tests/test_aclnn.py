@@ -346,7 +346,7 @@ def test_call_duration_estimate_and_presleep():
         assert A.aclnnGridSampler2DBackward(workspace, ws, ex, stream) == SUCCESS
         assert A.aclrtSynchronizeStream(stream) == SUCCESS
         outs.append((t[3].numpy(), t[4].numpy()))
-        assert kernel.expected_seconds(ex.views) > 0
+        assert kernel.estimate(ex.views).seconds > 0
     for a, b in outs[1:]:
         assert_bitwise(a, outs[0][0])
         assert_bitwise(b, outs[0][1])
@@ -354,13 +354,14 @@ def test_call_duration_estimate_and_presleep():
     assert_close(outs[0][0], r_dx, np.float32)
     assert_close(outs[0][1], r_dg, np.float32)
     # the estimator alone
-    views = ex.views
+    est = kernel.estimate(ex.views)
     kernel._seconds.clear()
-    kernel.note_seconds(views, 0.050)  # a slow first run
-    kernel.note_seconds(views, 0.003)
-    assert kernel.expected_seconds(views) == 0.003
-    kernel.note_seconds(views, 0.007)
-    assert kernel.expected_seconds(views) == pytest.approx(0.004)
+    assert est.seconds is None
+    est.record(0.050)  # a slow first run
+    est.record(0.003)
+    assert kernel.estimate(ex.views).seconds == 0.003
+    est.record(0.007)
+    assert est.seconds == pytest.approx(0.004)
     assert A.aclDestroyAclOpExecutor(ex) == SUCCESS
 
 
@@ -1216,11 +1217,11 @@ def test_single_use_upsample_keeps_its_scales_alive_until_the_kernel_ran():
     status, ws, ex = up_phase1(go_t, [4, 4], [1, 1, 2, 2], False, -1.0, -1.0, out)
     assert status == SUCCESS
     workspace = A.aclrtMalloc(ws, s)[1] if ws > 0 else None
-    s.next_fences()  # an unsignalled step 0 -> 1 ahead of the call
+    s.timeline.next_fences()  # an unsignalled step 0 -> 1 ahead of the call
     assert A.aclnnUpsampleBilinear2dBackwardV2(workspace, ws, ex, s) == SUCCESS
     del workspace  # the stream keeps it alive until the call ran
     junk = [np.full(18, 1e6, np.float32) for _ in range(10000)]  # reuses freed small blocks
-    s.semaphore.signal(1)
+    s.timeline.semaphore.signal(1)
     assert A.aclrtSynchronizeStream(s) == SUCCESS
     del junk
     np.testing.assert_array_equal(out.numpy(), R.upsample_bilinear2d_backward(g, [4, 4], [1, 1, 2, 2], False))
@@ -1236,10 +1237,10 @@ def test_repeatable_upsample_survives_reuse_of_freed_memory():
     status, ws, ex = up_phase1(go_t, [4, 4], [1, 1, 2, 2], False, -1.0, -1.0, out)
     assert A.aclSetAclOpExecutorRepeatable(ex) == SUCCESS
     workspace = A.aclrtMalloc(ws, s)[1] if ws > 0 else None
-    s.next_fences()
+    s.timeline.next_fences()
     assert A.aclnnUpsampleBilinear2dBackwardV2(workspace, ws, ex, s) == SUCCESS
     junk = [np.full(18, 1e6, np.float32) for _ in range(10000)]
-    s.semaphore.signal(1)
+    s.timeline.semaphore.signal(1)
     assert A.aclrtSynchronizeStream(s) == SUCCESS
     del junk
     np.testing.assert_array_equal(out.numpy(), R.upsample_bilinear2d_backward(g, [4, 4], [1, 1, 2, 2], False))

@@ -1,0 +1,251 @@
+"""Lifetimes, races and other processes in the aclnn layer (README "Threads, processes and
+lifetimes").
+
+Crash-prone cases run in a child process, so that a crash is a failed test rather than
+a dead test run.  Each test names the attack it repeats.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+from aclnn_iree import aclnn as A
+from aclnn_iree import reference as R
+from conftest import require_device
+
+SUCCESS = A.ACLNN_SUCCESS
+
+
+def run_child(code: str, timeout: float = 300) -> str:
+    """Runs `code` in a fresh Python process; returns its stdout, failing on a crash, a hang
+    or a non-zero exit (with what the child printed)."""
+    try:
+        p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                           timeout=timeout, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the child hung for {timeout} s:\n{e.stdout}\n{e.stderr}")
+    assert p.returncode == 0, f"the child exited with {p.returncode}:\n{p.stdout}\n{p.stderr[-4000:]}"
+    return p.stdout
+
+
+# ----------------------------------------------------------------------------- destroyed while queued
+_DESTROY_WHILE_QUEUED = """
+    import gc, sys
+    import numpy as np
+    from aclnn_iree.aclnn import *
+    from aclnn_iree import reference as R
+    op, repeatable, device = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+    st, s = aclrtCreateStream(device)
+    rng = np.random.default_rng(0)
+    if op == "upsample":
+        go = rng.standard_normal((2, 16, 256, 256)).astype(np.float32)  # 8 MB: freed memory is unmapped
+        want = R.upsample_bilinear2d_backward(go, (256, 256), (2, 16, 128, 128), False)
+        ins = [aclCreateTensor(go, format="NCHW", stream=s)]
+        outs = [aclCreateTensor(shape=(2, 16, 128, 128), dtype=np.float32, format="NCHW", stream=s)]
+        phase1, phase2 = aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize, aclnnUpsampleBilinear2dBackwardV2
+        args = (ins[0], aclCreateIntArray([256, 256]), aclCreateIntArray([2, 16, 128, 128]), False, 0.0, 0.0,
+                outs[0])
+    else:
+        x = rng.standard_normal((2, 16, 128, 128)).astype(np.float32)
+        g = rng.uniform(-1.1, 1.1, (2, 96, 96, 2)).astype(np.float32)
+        go = rng.standard_normal((2, 16, 96, 96)).astype(np.float32)
+        want = R.grid_sampler_2d_backward(go, x, g, 0, 2, False)
+        ins = [aclCreateTensor(a, stream=s) for a in (go, x, g)]
+        outs = [aclCreateTensor(shape=a.shape, dtype=np.float32, stream=s) for a in (x, g)]
+        phase1, phase2 = aclnnGridSampler2DBackwardGetWorkspaceSize, aclnnGridSampler2DBackward
+        args = (*ins, 0, 2, False, aclCreateBoolArray([True, True]), *outs)
+    st, ws, ex = phase1(*args)
+    assert st == 0, aclGetRecentErrMsg()
+    if repeatable:
+        assert aclSetAclOpExecutorRepeatable(ex) == 0
+    st, wsb = aclrtMalloc(ws, s) if ws else (0, None)
+    # hold the stream at an unsignalled step, so the launch cannot start before the frees
+    s.timeline.next_fences()
+    assert phase2(wsb, ws, ex, s) == 0, aclGetRecentErrMsg()
+    for t in ins:
+        assert aclDestroyTensor(t) == 0
+    if wsb is not None:
+        assert aclrtFree(wsb) == 0
+    if repeatable:
+        assert aclDestroyAclOpExecutor(ex) == 0
+    del ins, wsb, ex, args, go
+    gc.collect()
+    junk = [np.full(1 << 20, 7.0, np.float32) for _ in range(64)]  # reuses what was freed
+    s.timeline.semaphore.signal(1)
+    assert aclrtSynchronizeStream(s) == 0, aclGetRecentErrMsg()
+    want = want if isinstance(want, tuple) else (want,)
+    for t, w in zip(outs, want):  # float32 against the float64 reference, scaled as tests/test_aclnn.py
+        np.testing.assert_allclose(t.numpy(), w, rtol=2e-5, atol=2e-5 * max(1.0, np.abs(w).max()))
+    print("OK")
+"""
+
+
+@pytest.mark.parametrize("repeatable", [False, True], ids=["single-use", "repeatable"])
+@pytest.mark.parametrize("op", ["upsample", "grid_sampler"])
+def test_tensors_workspace_and_executor_destroyed_while_queued(op, repeatable, device):
+    """The attack: aclDestroyTensor between phase 2 and aclrtSynchronizeStream freed the host
+    buffer the queued CPU kernel read (SIGSEGV, or writes into unrelated arrays).  As in CANN,
+    destroying a tensor, freeing the workspace or destroying the executor never frees memory
+    a launched kernel uses, and the outputs read back right after the sync."""
+    code = _DESTROY_WHILE_QUEUED.replace("sys.argv[1], sys.argv[2] == \"1\", sys.argv[3]",
+                                         f"{op!r}, {repeatable!r}, {device!r}")
+    assert run_child(code).strip().endswith("OK")
+
+
+def test_output_destroyed_while_queued_does_not_crash(device):
+    """An output destroyed while its kernel is queued: the kernel still writes into memory
+    that stays alive (the stream holds it), nothing else is overwritten, and the tensor reads
+    as destroyed."""
+    code = """
+        import gc, numpy as np
+        from aclnn_iree.aclnn import *
+        st, s = aclrtCreateStream(%r)
+        go = aclCreateTensor(np.ones((4, 16, 256, 256), np.float32), format="NCHW", stream=s)
+        out = aclCreateTensor(shape=(4, 16, 128, 128), dtype=np.float32, format="NCHW", stream=s)
+        st, ws, ex = aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
+            go, aclCreateIntArray([256, 256]), aclCreateIntArray([4, 16, 128, 128]), False, 0.0, 0.0, out)
+        wsb = aclrtMalloc(ws, s)[1] if ws else None
+        s.timeline.next_fences()
+        assert aclnnUpsampleBilinear2dBackwardV2(wsb, ws, ex, s) == 0
+        assert aclDestroyTensor(out) == 0
+        gc.collect()
+        junk = [np.full(1 << 20, 7.0, np.float32) for _ in range(32)]
+        s.timeline.semaphore.signal(1)
+        assert aclrtSynchronizeStream(s) == 0
+        assert all((j == 7.0).all() for j in junk), "the kernel wrote into unrelated arrays"
+        try:
+            out.numpy()
+        except ValueError as e:
+            assert "destroyed" in str(e)
+        else:
+            raise AssertionError("a destroyed tensor read back")
+        print("OK")
+    """ % device
+    assert run_child(code).strip().endswith("OK")
+
+
+# ----------------------------------------------------------------------------- executor races
+def _small_grid_call(device):
+    st, s = A.aclrtCreateStream(device)
+    a = lambda *sh: A.aclCreateTensor(np.ones(sh, np.float32), stream=s)  # noqa: E731
+    out = lambda *sh: A.aclCreateTensor(shape=sh, dtype=np.float32, stream=s)  # noqa: E731
+    tensors = (a(1, 2, 3, 2), a(1, 2, 4, 4), A.aclCreateTensor(np.zeros((1, 3, 2, 2), np.float32), stream=s),
+               out(1, 2, 4, 4), out(1, 3, 2, 2))
+    return s, tensors
+
+
+def test_single_use_executor_raced_by_two_threads_runs_once(device):
+    """The attack: two threads calling phase 2 on one single-use executor both got SUCCESS in
+    23-211 of 300 trials (356 launches for 200 executors).  The check and the release are one
+    atomic step now: exactly one SUCCESS and one 561102 per executor, every time."""
+    s, (go, x, g, dx, dg) = _small_grid_call(device)
+    mask = A.aclCreateBoolArray([True, True])
+    trials = 300
+    for _ in range(trials):
+        st, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(go, x, g, 0, 0, False, mask, dx, dg)
+        assert st == SUCCESS
+        wsb = A.aclrtMalloc(ws, s)[1] if ws else None
+        barrier = threading.Barrier(2)
+        results = []
+
+        def race():
+            barrier.wait()
+            results.append(A.aclnnGridSampler2DBackward(wsb, ws, ex, s))
+
+        threads = [threading.Thread(target=race) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert sorted(results) == [SUCCESS, A.ACLNN_ERR_INNER_NOT_TRANS_EXECUTOR], results
+    assert A.aclrtSynchronizeStream(s) == SUCCESS
+    assert s.timeline.value == trials  # one launch per executor
+    np.testing.assert_allclose(dx.numpy(), R.grid_sampler_2d_backward(
+        np.ones((1, 2, 3, 2), np.float32), np.ones((1, 2, 4, 4), np.float32), np.zeros((1, 3, 2, 2), np.float32),
+        0, 0, False)[0], rtol=1e-6)
+
+
+def test_destroy_racing_phase_two_never_crashes(device):
+    """aclDestroyAclOpExecutor racing phase 2 of a repeatable executor: each phase 2 either
+    ran (SUCCESS) or found it destroyed (561102); never an inner error, never a crash."""
+    s, (go, x, g, dx, dg) = _small_grid_call(device)
+    mask = A.aclCreateBoolArray([True, True])
+    seen = set()
+    rng = np.random.default_rng(2)
+    for trial in range(100):
+        after = int(rng.integers(0, 6))  # destroy once this many launches returned
+        st, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(go, x, g, 0, 0, False, mask, dx, dg)
+        assert A.aclSetAclOpExecutorRepeatable(ex) == SUCCESS
+        wsb = A.aclrtMalloc(ws, s)[1] if ws else None
+        barrier = threading.Barrier(3)
+        results = []
+
+        def run():
+            barrier.wait()
+            for _ in range(5):
+                results.append(A.aclnnGridSampler2DBackward(wsb, ws, ex, s))
+
+        def destroy():
+            barrier.wait()
+            while len(results) < after and any(t.is_alive() for t in threads[:2]):
+                pass
+            results.append(("destroy", A.aclDestroyAclOpExecutor(ex)))
+
+        threads = [threading.Thread(target=run), threading.Thread(target=run), threading.Thread(target=destroy)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        launches = [r for r in results if not isinstance(r, tuple)]
+        assert ("destroy", SUCCESS) in results
+        assert set(launches) <= {SUCCESS, A.ACLNN_ERR_INNER_NOT_TRANS_EXECUTOR}, results
+        seen.update(launches)
+    assert A.aclrtSynchronizeStream(s) == SUCCESS
+    assert SUCCESS in seen
+
+
+def test_stream_and_repeatable_executor_shared_by_eight_threads(device):
+    """What README "Threads, processes and lifetimes" allows: one stream and one repeatable
+    executor shared by 8 threads, each launching and synchronizing; every launch succeeds,
+    the stream runs them all, and the result is the reference's, bit-identical each time."""
+    rng = np.random.default_rng(8)
+    xa = rng.standard_normal((2, 8, 16, 16)).astype(np.float32)
+    ga = rng.uniform(-1, 1, (2, 12, 12, 2)).astype(np.float32)
+    goa = rng.standard_normal((2, 8, 12, 12)).astype(np.float32)
+    st, s = A.aclrtCreateStream(device)
+    go, x, g = (A.aclCreateTensor(a, stream=s) for a in (goa, xa, ga))
+    dx = A.aclCreateTensor(shape=xa.shape, dtype=np.float32, stream=s)
+    dg = A.aclCreateTensor(shape=ga.shape, dtype=np.float32, stream=s)
+    st, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(go, x, g, 0, 1, False,
+                                                              A.aclCreateBoolArray([True, True]), dx, dg)
+    assert st == SUCCESS and A.aclSetAclOpExecutorRepeatable(ex) == SUCCESS
+    wsb = A.aclrtMalloc(ws, s)[1] if ws else None
+    per_thread = 50
+    statuses = []
+
+    def worker():
+        for _ in range(per_thread):
+            statuses.append(A.aclnnGridSampler2DBackward(wsb, ws, ex, s))
+            statuses.append(A.aclrtSynchronizeStream(s))
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not any(t.is_alive() for t in threads)
+    assert statuses == [SUCCESS] * (16 * per_thread)
+    assert s.timeline.value == 8 * per_thread
+    assert A.aclrtSynchronizeStream(s) == SUCCESS
+    for got, want in zip((dx.numpy(), dg.numpy()), R.grid_sampler_2d_backward(goa, xa, ga, 0, 1, False)):
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5 * max(1.0, np.abs(want).max()))
+    first = (dx.numpy(), dg.numpy())
+    assert A.aclnnGridSampler2DBackward(wsb, ws, ex, s) == SUCCESS and A.aclrtSynchronizeStream(s) == SUCCESS
+    assert (dx.numpy() == first[0]).all() and (dg.numpy() == first[1]).all()
+    assert A.aclDestroyAclOpExecutor(ex) == SUCCESS
