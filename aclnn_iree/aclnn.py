@@ -38,7 +38,7 @@ from .compiler.specs import GridSamplerSpec, UpsampleSpec
 from .compiler.targets import target_for_driver
 from .errors import AclnnError, brief
 from .runtime.device import DeviceUnavailable
-from .runtime.kernels import load_module
+from .runtime.kernels import ModuleLoadError, load_module
 from .runtime.store import ArtifactMissing
 from .tensors import (FORMATS, aclBoolArray, aclIntArray, aclrtBuffer, aclrtStream, aclTensor, aligned, empty_aligned,
                       device_of, hal_element_type, _import_or_upload)
@@ -433,7 +433,7 @@ def _load_kernel(device, spec, function_name):
     """The kernel of a specialisation on a device, with load failures as status codes."""
     try:
         return load_module(device, spec).kernel(function_name)
-    except ArtifactMissing as e:
+    except (ArtifactMissing, ModuleLoadError) as e:
         raise AclnnError(E.ACLNN_ERR_INNER_FIND_KERNEL_ERROR, str(e)) from None
     except CompileError as e:
         raise AclnnError(E.ACLNN_ERR_INNER, f"compiling {spec.kernel_name} failed: {e.stderr.strip()[:2000]}") from None

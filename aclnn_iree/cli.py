@@ -95,13 +95,13 @@ def _cmd_list(args) -> int:
     print(f"artifacts in {d}" + ("" if os.path.isdir(d) else " (directory does not exist)"))
     total_ok = 0
     for t in targets:
-        groups = {"ok": [], "missing": [], "stale": [], "corrupt": []}
+        groups = {"ok": [], "missing": [], "stale": [], "corrupt": [], "unreadable": []}
         for s in specs:
             groups[store.status(s, t)].append(s)
         ok = groups["ok"]
         total_ok += len(ok)
         arch = f" [{t.arch}]" if t.name in ("llvm-cpu", "cuda") else ""
-        problems = [f"{len(groups[k])} {k}" for k in ("stale", "corrupt") if groups[k]]
+        problems = [f"{len(groups[k])} {k}" for k in ("stale", "corrupt", "unreadable") if groups[k]]
         missing = len(specs) - len(ok)
         print(f"\n{t.name}{arch}: {len(ok)}/{len(specs)} built, {missing} missing"
               + (f" (of which {', '.join(problems)})" if problems else ""))
@@ -115,7 +115,7 @@ def _cmd_list(args) -> int:
         if missing and not ok and not problems and not args.verbose:
             print(f"  nothing built for this target (run `aclnn-iree build --target {t.name}`; -v lists the names)")
             continue
-        for kind in ("missing", "stale", "corrupt"):
+        for kind in ("missing", "stale", "corrupt", "unreadable"):
             for s in groups[kind]:
                 print(f"  {kind}: {s.kernel_name}")
     return 0

@@ -15,18 +15,22 @@ match the manifest; anything else is reported and rebuilt, never loaded.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
 import platform
+import secrets
 import shlex
+import socket
 import subprocess
-import tempfile
 import threading
 import time
 import warnings
 
-from .compile import compile_mlir, compiler_version
+import filelock
+
+from .compile import compile_file, compiler_version
 from .render import render, template_source
 
 __all__ = ["ArtifactStore", "artifact_key", "BuildResult", "host_cpu", "compiler_build", "parse_declaration"]
@@ -34,6 +38,18 @@ __all__ = ["ArtifactStore", "artifact_key", "BuildResult", "host_cpu", "compiler
 MANIFEST = "manifest.json"
 _manifest_cache: dict = {}  # manifest path -> ((path, inode, mtime_ns, size), parsed manifest)
 _manifest_lock = threading.Lock()
+_process_locks: dict = {}  # store root -> threading.Lock (one writer thread per store and process)
+
+
+def _process_lock(root: str) -> threading.Lock:
+    with _manifest_lock:
+        return _process_locks.setdefault(root, threading.Lock())
+
+
+def _why(e: OSError) -> str:
+    """An OSError as '[Errno 13] EACCES: Permission denied'."""
+    name = errno.errorcode.get(e.errno, "") if e.errno else ""
+    return f"[Errno {e.errno}] {name}: {e.strerror}" if name else str(e)
 
 
 def _sha256(data: bytes) -> str:
@@ -125,11 +141,26 @@ def target_folder(target) -> str:
     return target.name
 
 
+# Temporaries of atomic writes live beside their target, named for their writer so that a
+# writer killed mid-write (SIGKILL) leaves something a later build can recognise and remove.
+_TMP_PREFIX = ".tmp-"
+_STALE_TMP_SECONDS = 24 * 3600
+
+
+def _tmp_name(path: str) -> str:
+    host = socket.gethostname().replace("-", "_")[:40]
+    return os.path.join(os.path.dirname(path),
+                        f"{_TMP_PREFIX}{host}-{os.getpid()}-{secrets.token_hex(4)}-{os.path.basename(path)}")
+
+
 def _atomic_write(path: str, data: bytes):
-    """Writes `data` to `path` through a temporary file and os.replace (readers never see half a file)."""
+    """Writes `data` to `path` through a temporary file beside it and os.replace (readers
+    never see half a file).  The file is created with mode 0666 less the umask, like any
+    other file the user writes (mkstemp's 0600 would hide a shared store from other users)."""
     d = os.path.dirname(path)
     os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-")
+    tmp = _tmp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -138,6 +169,42 @@ def _atomic_write(path: str, data: bytes):
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory: str) -> list:
+    """Removes the temporaries of writers that died (this host, dead pid) or that are over a
+    day old (any host: a store on a shared disk); returns the paths removed."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    host = socket.gethostname().replace("-", "_")[:40]
+    now = time.time()
+    for name in names:
+        if not name.startswith(_TMP_PREFIX):
+            continue
+        path = os.path.join(directory, name)
+        parts = name[len(_TMP_PREFIX):].split("-", 2)
+        try:
+            dead = parts[0] == host and not _pid_alive(int(parts[1]))
+            old = now - os.stat(path).st_mtime > _STALE_TMP_SECONDS
+            if dead or old:
+                os.unlink(path)
+                removed.append(path)
+        except (ValueError, IndexError, OSError):
+            continue
+    return removed
 
 
 def _split_top(text: str, sep: str = ",") -> list:
@@ -195,11 +262,6 @@ def parse_declaration(decl: str) -> tuple:
 _FENCES = ["!hal.fence {coarse-fences wait}", "!hal.fence {coarse-fences signal}"]
 
 
-def _signatures(vmfb: bytes, names) -> dict:
-    """Exported function name -> its ABI declaration, read from the module's reflection."""
-    return _module_exports(vmfb, names)[0]
-
-
 def _module_exports(vmfb: bytes, names) -> tuple:
     """(functions, exports) of a module, read from its reflection.
 
@@ -255,43 +317,64 @@ class BuildResult:
 
 
 class ArtifactStore:
-    """A directory of compiled modules with a manifest (thread-safe within a process)."""
+    """A directory of compiled modules with a manifest.
+
+    Safe for threads and for processes sharing the directory: every read-modify-write of
+    the manifest holds an inter-process lock (a lock file beside it) and re-reads the
+    manifest under it; every file is replaced atomically, so readers need no lock.
+    """
 
     def __init__(self, root):
         self.root = os.path.abspath(os.fspath(root))
-        self._lock = threading.Lock()
 
     # -- manifest --------------------------------------------------------------
     def manifest(self) -> dict:
-        """The manifest ({"artifacts": {id: entry}}); empty when absent or unreadable.
+        """The manifest ({"artifacts": {id: entry}}); empty when absent or malformed.
 
-        A fresh copy each call: callers may change it.
+        A fresh copy each call: callers may change it.  Raises OSError when the file
+        exists but cannot be read (EACCES).
         """
         path = os.path.join(self.root, MANIFEST)
         try:
-            with open(path) as f:
-                m = json.load(f)
-            return m if isinstance(m.get("artifacts"), dict) else {"artifacts": {}}
-        except (OSError, ValueError, AttributeError):
+            with open(path, "rb") as f:
+                m = json.loads(f.read())
+        except FileNotFoundError:
             return {"artifacts": {}}
+        except ValueError:
+            return {"artifacts": {}}
+        if not isinstance(m, dict) or not isinstance(m.get("artifacts"), dict):
+            return {"artifacts": {}}
+        return m
 
     def _entry(self, spec, target):
-        """One artifact's manifest entry (read-only), parsing the manifest only when the file
-        changed (it is re-read on every lookup otherwise: ~5 ms for all artifacts)."""
+        """One artifact's manifest entry as it is on disk (possibly malformed: not a dict),
+        parsing the manifest only when the file changed (it is re-read on every lookup
+        otherwise: ~5 ms for all artifacts).  None when absent; OSError when unreadable."""
         path = os.path.join(self.root, MANIFEST)
         try:
             st = os.stat(path)
-        except OSError:
+        except FileNotFoundError:
             return None
         key = (path, st.st_ino, st.st_mtime_ns, st.st_size)  # os.replace gives a new inode
         with _manifest_lock:
             cached = _manifest_cache.get(path)
-            if cached is None or cached[0] != key:
-                cached = _manifest_cache[path] = (key, self.manifest())
+        if cached is None or cached[0] != key:
+            cached = (key, self.manifest())
+            with _manifest_lock:
+                _manifest_cache[path] = cached
         return cached[1]["artifacts"].get(self.artifact_id(spec, target))
 
+    def lock(self) -> filelock.FileLock:
+        """The store's inter-process lock (also exclusive between threads)."""
+        os.makedirs(self.root, exist_ok=True)
+        return filelock.FileLock(os.path.join(self.root, MANIFEST + ".lock"), thread_local=False,
+                                 mode=0o666)
+
     def _update_manifest(self, entries: dict):
-        with self._lock:
+        """Adds `entries` to the manifest: under the store's lock, re-reading it first, so that
+        concurrent writers (threads or processes) never drop each other's entries."""
+        with _process_lock(self.root), self.lock():
+            remove_stale_temporaries(self.root)
             m = self.manifest()
             m["artifacts"].update(entries)
             m["compiler_version"] = compiler_version()
@@ -306,57 +389,65 @@ class ArtifactStore:
         return {"vmfb": base + ".vmfb", "mlir": base + ".mlir", "cmd": base + ".cmd"}
 
     # -- lookup ----------------------------------------------------------------
+    def find(self, spec, target) -> tuple:
+        """(vmfb bytes or None, state, problem): state is "ok", "missing", "stale", "corrupt"
+        or "unreadable"; problem says why it is not "ok" ("" when missing)."""
+        path = self.paths(spec, target)["vmfb"]
+        try:
+            entry = self._entry(spec, target)
+        except OSError as e:
+            return None, "unreadable", f"cannot read {os.path.join(self.root, MANIFEST)}: {_why(e)}"
+        if entry is None or not os.path.exists(path):
+            return None, "missing", ""
+        if not isinstance(entry, dict):
+            return None, "corrupt", f"its manifest entry is malformed ({type(entry).__name__}, not an object)"
+        if entry.get("key") != artifact_key(spec, target):
+            return None, "stale", "stale (template, parameters, flags, compiler version or host CPU changed)"
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            return None, "unreadable", f"cannot read {path}: {_why(e)}"
+        if _sha256(data) != entry.get("vmfb_sha256"):
+            return None, "corrupt", "corrupt (sha256 of the vmfb does not match the manifest)"
+        return data, "ok", ""
+
     def lookup(self, spec, target, warn: bool = True):
         """The vmfb bytes of a valid artifact, or None.
 
-        Missing artifacts return None silently; a stale (key or compiler version
-        changed) or corrupt (sha256 mismatch) one returns None with a warning.
+        Missing artifacts return None silently; a stale, corrupt (sha256 or manifest entry)
+        or unreadable one returns None with a warning that names the file and the reason.
         """
-        entry = self._entry(spec, target)
-        path = self.paths(spec, target)["vmfb"]
-        if entry is None or not os.path.exists(path):
-            return None
-        problem = None
-        if entry.get("key") != artifact_key(spec, target):
-            problem = "stale (template, parameters, flags, compiler version or host CPU changed)"
-        else:
-            with open(path, "rb") as f:
-                data = f.read()
-            if _sha256(data) != entry.get("vmfb_sha256"):
-                problem = "corrupt (sha256 of the vmfb does not match the manifest)"
-        if problem:
-            if warn:
-                warnings.warn(f"artifact {path} is {problem}; it will be rebuilt", RuntimeWarning, stacklevel=3)
-            return None
+        data, state, problem = self.find(spec, target)
+        if state not in ("ok", "missing") and warn:
+            path = self.paths(spec, target)["vmfb"]
+            then = "it will be rebuilt" if state != "unreadable" else "it is skipped"
+            warnings.warn(f"artifact {path}: {problem}; {then}", RuntimeWarning, stacklevel=3)
         return data
 
     def status(self, spec, target) -> str:
-        """"ok", "missing", "stale" or "corrupt": what lookup() would find, without warning or loading."""
-        entry = self._entry(spec, target)
-        path = self.paths(spec, target)["vmfb"]
-        if entry is None or not os.path.exists(path):
-            return "missing"
-        if entry.get("key") != artifact_key(spec, target):
-            return "stale"
-        with open(path, "rb") as f:
-            if _sha256(f.read()) != entry.get("vmfb_sha256"):
-                return "corrupt"
-        return "ok"
+        """"ok", "missing", "stale", "corrupt" or "unreadable": what lookup() would find,
+        without warning."""
+        return self.find(spec, target)[1]
 
     # -- build -----------------------------------------------------------------
     def build_one(self, spec, target) -> tuple:
         """Compiles `spec` for `target` into the store; returns (vmfb bytes, manifest entry).
 
+        The source is written to its place in the store first and compiled there, so the
+        recorded command (`.cmd`, the manifest's "command") is exactly what ran, and the
+        module's bytes depend on the source, flags and compiler only.
         Raises aclnn_iree.compiler.CompileError when iree-compile fails.
         """
         source = render(spec, target)
         p = self.paths(spec, target)
-        t0 = time.perf_counter()
-        vmfb, cmd = compile_mlir(source, target.flags, spec.kernel_name)
-        compile_seconds = time.perf_counter() - t0
-        cmd = [cmd[0], *target.flags, p["mlir"], "-o", p["vmfb"]]  # as it would be run in the store
+        remove_stale_temporaries(os.path.dirname(p["vmfb"]))
         _atomic_write(p["mlir"], source.encode())
-        _atomic_write(p["cmd"], (shlex.join(cmd) + "\n").encode())
+        t0 = time.perf_counter()
+        vmfb, cmd, cwd = compile_file(p["mlir"], target.flags)
+        compile_seconds = time.perf_counter() - t0
+        _atomic_write(p["cmd"], (f"cd {shlex.quote(cwd)} && {shlex.join(cmd)} > "
+                                 f"{shlex.quote(os.path.basename(p['vmfb']))}\n").encode())
         _atomic_write(p["vmfb"], vmfb)
         functions, exports = _module_exports(vmfb, spec.function_names(target))
         tsrc = template_source(spec)
@@ -374,6 +465,7 @@ class ArtifactStore:
             "driver": target.driver,
             "flags": list(target.flags),
             "command": cmd,
+            "command_cwd": cwd,
             "compiler_version": compiler_version(),
             "compiler_build": compiler_build(),
             "key": artifact_key(spec, target),

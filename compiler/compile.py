@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 
 from iree.compiler.tools.binaries import find_tool
 
 from .render import numbered
 
-__all__ = ["CompileError", "compile_mlir", "compile_command", "compiler_version"]
+__all__ = ["CompileError", "compile_file", "compile_command", "compiler_version"]
 
 
 class CompileError(RuntimeError):
@@ -28,24 +27,26 @@ def compiler_version() -> str:
     return version("iree-base-compiler")
 
 
-def compile_command(flags, src_path: str, out_path: str) -> list:
-    """The exact iree-compile command line (a list, never a shell string)."""
-    return [find_tool("iree-compile"), *flags, src_path, "-o", out_path]
+def compile_command(flags, src_name: str) -> list:
+    """The exact iree-compile command line (a list, never a shell string) that compiles the file
+    `src_name` (relative to the working directory) and writes the module to stdout."""
+    return [find_tool("iree-compile"), *flags, src_name, "-o", "-"]
 
 
-def compile_mlir(source: str, flags, name: str = "module", workdir: str | None = None) -> tuple:
-    """Compiles MLIR text with `flags`; returns (vmfb bytes, command list).
+def compile_file(path: str, flags) -> tuple:
+    """Compiles the MLIR file `path`; returns (vmfb bytes, command list, working directory).
 
+    The compiler runs in the file's directory on its base name: iree-compile embeds the
+    source path in the module's locations, so a module compiled this way has the same bytes
+    whatever directory holds it (two processes or two stores compile the same bytes).  No
+    temporary file is written anywhere: the module comes back on stdout.
     Raises CompileError with the compiler's message and the MLIR with line numbers.
     """
-    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        src = os.path.join(tmp, f"{name}.mlir")
-        out = os.path.join(tmp, f"{name}.vmfb")
-        with open(src, "w") as f:
-            f.write(source)
-        cmd = compile_command(flags, src, out)
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise CompileError(name, cmd, proc.stderr, source)
-        with open(out, "rb") as f:
-            return f.read(), cmd
+    cwd, name = os.path.split(os.path.abspath(path))
+    cmd = compile_command(flags, name)
+    proc = subprocess.run(cmd, capture_output=True, cwd=cwd)
+    if proc.returncode != 0 or not proc.stdout:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            source = f.read()
+        raise CompileError(os.path.splitext(name)[0], cmd, proc.stderr.decode(errors="replace"), source)
+    return proc.stdout, cmd, cwd

@@ -15,7 +15,7 @@ import iree.runtime as rt
 from .device import Device, on_fork_in_child
 from .store import load_module_bytes
 
-__all__ = ["Kernel", "LoadedModule", "CallEstimate", "load_module"]
+__all__ = ["Kernel", "LoadedModule", "CallEstimate", "ModuleLoadError", "load_module"]
 
 _SHAPE_CACHE_ENTRIES = 4096  # values remembered per kernel by argument shapes (a bound, not an LRU)
 
@@ -51,13 +51,21 @@ class CallEstimate:
         _remember(self._table, self._key, seconds if old is None or seconds < old else 0.75 * old + 0.25 * seconds)
 
 
-class LoadedModule:
-    """One vmfb loaded into a VM context on one device."""
+class ModuleLoadError(RuntimeError):
+    """A module file passed the store's checks but IREE cannot load it: names the file."""
 
-    def __init__(self, device: Device, spec, vmfb: bytes, target):
-        self.device, self.spec, self.target = device, spec, target
-        self.vm_module = rt.VmModule.copy_buffer(device.instance, vmfb)
-        self.context = rt.VmContext(device.instance, modules=[device.hal_module, self.vm_module])
+
+class LoadedModule:
+    """One vmfb loaded into a VM context on one device (`path`: where it came from)."""
+
+    def __init__(self, device: Device, spec, vmfb: bytes, target, path: str = "<bytes>"):
+        self.device, self.spec, self.target, self.path = device, spec, target, path
+        try:
+            self.vm_module = rt.VmModule.copy_buffer(device.instance, vmfb)
+            self.context = rt.VmContext(device.instance, modules=[device.hal_module, self.vm_module])
+        except Exception as e:
+            raise ModuleLoadError(f"cannot load module {path} ({spec.kernel_name}): {e}; delete it or run "
+                                  "`aclnn-iree build` to rebuild it") from None
         self._kernels = {}
 
     def kernel(self, function_name: str) -> "Kernel":
@@ -149,7 +157,7 @@ def load_module(device: Device, spec) -> LoadedModule:
         mod = _modules.get(key)
     if mod is not None:
         return mod
-    vmfb, target = load_module_bytes(spec, device.name)
-    mod = LoadedModule(device, spec, vmfb, target)
+    vmfb, target, path = load_module_bytes(spec, device.name)
+    mod = LoadedModule(device, spec, vmfb, target, path)
     with _lock:
         return _modules.setdefault(key, mod)

@@ -71,19 +71,25 @@ def search_dirs() -> list:
 
 
 def load_module_bytes(spec, device_name: str):
-    """(vmfb bytes, target) of `spec` for the device `device_name`, following the order above."""
+    """(vmfb bytes, target, path) of `spec` for the device `device_name`, following the order above."""
     target = target_for_driver(device_name)
     dirs = search_dirs()
     for d in dirs[:-1]:
-        data = ArtifactStore(d).lookup(spec, target)
+        st = ArtifactStore(d)
+        data = st.lookup(spec, target)
         if data is not None:
-            return data, target
+            return data, target, st.paths(spec, target)["vmfb"]
+    cache = ArtifactStore(dirs[-1])
     if _is_offline():
-        data = ArtifactStore(dirs[-1]).lookup(spec, target)
+        data = cache.lookup(spec, target)
         if data is not None:
-            return data, target
-        paths = [ArtifactStore(d).paths(spec, target)["vmfb"] for d in dirs]
+            return data, target, cache.paths(spec, target)["vmfb"]
+        found = []
+        for d in dirs:
+            st = ArtifactStore(d)
+            _, state, problem = st.find(spec, target)
+            found.append(st.paths(spec, target)["vmfb"] + f" ({problem or state})")
         raise ArtifactMissing(
             f"offline mode: no valid artifact for {spec.kernel_name} ({target.name}); looked for "
-            + ", ".join(paths) + ". Run `aclnn-iree build` first.")
-    return ArtifactStore(dirs[-1]).get_or_build(spec, target), target
+            + ", ".join(found) + ". Run `aclnn-iree build` first.")
+    return cache.get_or_build(spec, target), target, cache.paths(spec, target)["vmfb"]

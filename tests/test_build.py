@@ -44,21 +44,21 @@ def _sha(path) -> str:
 
 
 class CountingCompile:
-    """A wrapper of compile_mlir that counts the compiler invocations (by kernel name)."""
+    """A wrapper of compile_file that counts the compiler invocations (by kernel name)."""
 
     def __init__(self):
-        self.real = build_mod.compile_mlir
+        self.real = build_mod.compile_file
         self.names = []
 
-    def __call__(self, source, flags, name="module", *a, **k):
-        self.names.append(name)
-        return self.real(source, flags, name, *a, **k)
+    def __call__(self, path, flags):
+        self.names.append(Path(path).stem)
+        return self.real(path, flags)
 
 
 @pytest.fixture
 def counter(monkeypatch):
     c = CountingCompile()
-    monkeypatch.setattr(build_mod, "compile_mlir", c)
+    monkeypatch.setattr(build_mod, "compile_file", c)
     return c
 
 
@@ -93,8 +93,10 @@ def test_manifest_has_every_field(built_store):
         assert e["target"] == "llvm-cpu" and e["target_arch"] == e["target_cpu"] == "host"
         assert e["host_cpu"]["machine"] and isinstance(e["host_cpu"]["features"], list)
         assert e["flags"] == list(TARGET.flags) and "--iree-llvmcpu-target-cpu=host" in e["flags"]
-        assert e["command"][-3:] == [p["mlir"], "-o", p["vmfb"]]
-        assert Path(p["cmd"]).read_text().strip().endswith(p["vmfb"])
+        # compiled in place from the store's own .mlir, the module on stdout: the command ran there
+        assert e["command"][-3:] == [Path(p["mlir"]).name, "-o", "-"]
+        assert e["command_cwd"] == str(Path(p["mlir"]).parent)
+        assert Path(p["cmd"]).read_text().strip().endswith(f"> {Path(p['vmfb']).name}")
         assert e["compiler_version"] == build_mod.compiler_version()
         assert "IREE compiler version" in e["compiler_build"]
         assert e["source_sha256"] == _sha(p["mlir"])

@@ -1,0 +1,301 @@
+"""The artifact store and compile cache under concurrency and damage (issue: "a store that
+loses entries under concurrency"): reproducible compiles, an inter-process lock around the
+manifest, malformed entries, file modes, unreadable files, stale temporaries and modules
+that IREE cannot load.  Each test repeats what an attack did."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import aclnn_iree
+import aclnn_iree.compiler.build as build_mod
+from aclnn_iree.compiler import GridSamplerSpec, UpsampleSpec, get_target
+from aclnn_iree.compiler.build import ArtifactStore
+from aclnn_iree.errors import ACLNN_ERR_INNER_FIND_KERNEL_ERROR, AclnnError
+from aclnn_iree.runtime import kernels, store
+
+TARGET = get_target("llvm-cpu")
+SPEC = GridSamplerSpec("bilinear", "zeros", False, "float32")
+# Six specialisations per process, two processes, none shared (the attack's 2 x 6)
+SIX_A = [GridSamplerSpec(m, p, False, "float32") for m in ("bilinear", "nearest") for p in ("zeros", "border",
+                                                                                              "reflection")]
+SIX_B = [UpsampleSpec(ac, "float32", lay) for ac in (False, True) for lay in ("NCHW", "NHWC")] + \
+        [GridSamplerSpec("nearest", p, True, "float32") for p in ("zeros", "border")]
+
+
+def _sha(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _child(code: str, env: dict, timeout: float = 600) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_all(procs, timeout: float = 600):
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, f"child exited {p.returncode}:\n{out}\n{err[-3000:]}"
+        outs.append(out)
+    return outs
+
+
+@pytest.fixture
+def isolated(tmp_path, monkeypatch):
+    """A process whose only artifact directory is an empty compile cache in tmp_path."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    monkeypatch.setenv("ACLNN_IREE_CACHE", str(cache))
+    monkeypatch.delenv("ACLNN_IREE_ARTIFACTS", raising=False)
+    monkeypatch.delenv("ACLNN_IREE_OFFLINE", raising=False)
+    monkeypatch.setattr(store, "PROJECT_ARTIFACTS", tmp_path / "no-project-artifacts")
+    monkeypatch.setattr(kernels, "_modules", {})
+    return cache
+
+
+# The environment of a child that sees only `cache` (_HIDE hides the project's artifacts/).
+def _child_env(cache, offline=False):
+    return {"ACLNN_IREE_CACHE": str(cache), "ACLNN_IREE_ARTIFACTS": "", "ACLNN_IREE_OFFLINE": "1" if offline else ""}
+
+
+_HIDE = """
+    import os
+    from aclnn_iree.runtime import store
+    store.PROJECT_ARTIFACTS = store.PROJECT_ARTIFACTS.parent / "no-such-artifacts"
+"""
+
+
+# ----------------------------------------------------------------------------- reproducible compiles
+def test_same_inputs_give_the_same_bytes_in_any_store_and_from_the_recorded_command(tmp_path):
+    """The attack: iree-compile embedded its temporary source path, so two compiles of one
+    kernel never gave the same bytes and a manifest written by one process disagreed with the
+    vmfb written by the other.  Now: two stores, the same bytes; the recorded command, run
+    again by a shell, the same bytes again."""
+    a, b = ArtifactStore(tmp_path / "a"), ArtifactStore(tmp_path / "b" / "deeper")
+    va, ea = a.build_one(SPEC, TARGET)
+    vb, eb = b.build_one(SPEC, TARGET)
+    assert ea["vmfb_sha256"] == eb["vmfb_sha256"] == hashlib.sha256(va).hexdigest() == hashlib.sha256(vb).hexdigest()
+    p = a.paths(SPEC, TARGET)
+    os.unlink(p["vmfb"])
+    subprocess.run(["bash", p["cmd"]], check=True, timeout=300)
+    assert _sha(p["vmfb"]) == ea["vmfb_sha256"]
+    assert a.status(SPEC, TARGET) == "ok"
+
+
+def test_a_compile_writes_nothing_to_tmpdir(tmp_path, monkeypatch):
+    """Temporaries stay inside the store (a compile killed with SIGKILL used to leave its
+    .mlir and .vmfb in TMPDIR)."""
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmpdir))
+    ArtifactStore(tmp_path / "store").build_one(SPEC, TARGET)
+    assert list(tmpdir.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- concurrency
+_JIT_ONE = _HIDE + """
+    import numpy as np, aclnn_iree
+    x = np.ones((1, 2, 5, 5), np.float32)
+    dx, dg = aclnn_iree.grid_sampler_2d_backward(np.ones((1, 2, 3, 4), np.float32), x,
+                                                np.zeros((1, 3, 4, 2), np.float32), 0, 0, False)
+    assert dx[0, 0, 2, 2] == 12.0, dx
+    print("OK")
+"""
+
+
+@pytest.mark.parametrize("trial", range(2))
+def test_two_processes_jit_one_kernel_into_one_empty_cache(tmp_path, trial):
+    """The attack: two processes compiling the same kernel into an empty cache left a
+    manifest whose sha256 did not match the vmfb (2 of 5 trials), and a later offline
+    process failed with 561003.  Now the manifest matches and the offline process runs."""
+    cache = tmp_path / "cache"
+    procs = [_child(_JIT_ONE, _child_env(cache)) for _ in range(2)]
+    _wait_all(procs)
+    st = ArtifactStore(cache)
+    assert st.status(SPEC, TARGET) == "ok"
+    assert _wait_all([_child(_JIT_ONE, _child_env(cache, offline=True))])[0].strip().endswith("OK")
+
+
+_BUILD_SIX = _HIDE + """
+    import sys
+    from aclnn_iree.compiler import GridSamplerSpec, UpsampleSpec, get_target
+    from aclnn_iree.compiler.build import ArtifactStore
+    specs = {specs}
+    res = ArtifactStore(sys.argv[1] if len(sys.argv) > 1 else {root!r}).build(specs, [get_target("llvm-cpu")],
+                                                                            jobs=3, progress=False)
+    assert not res.failed and res.compiled == len(specs), res
+    print("OK")
+"""
+
+
+def test_two_processes_and_their_threads_keep_every_manifest_entry(tmp_path):
+    """The attack: two processes compiling 6 kernels each left 12 vmfb files but 8-10
+    manifest entries (threads in one process lost entries too: a new ArtifactStore per call
+    locked nothing).  Now every entry survives, and each loads offline."""
+    root = tmp_path / "store"
+    procs = [_child(_BUILD_SIX.format(specs=repr(six), root=str(root)), {}) for six in (SIX_A, SIX_B)]
+    _wait_all(procs)
+    st = ArtifactStore(root)
+    entries = st.manifest()["artifacts"]
+    assert set(entries) == {ArtifactStore.artifact_id(s, TARGET) for s in SIX_A + SIX_B}
+    for s in SIX_A + SIX_B:
+        data = st.lookup(s, TARGET)
+        assert data is not None, s
+        kernels.LoadedModule(aclnn_iree.runtime.get_device("local-task"), s, data, TARGET,
+                             st.paths(s, TARGET)["vmfb"])
+
+
+# ----------------------------------------------------------------------------- damage
+@pytest.mark.parametrize("bad", [[], "oops", 3, None], ids=["list", "string", "int", "null"])
+def test_malformed_manifest_entry_is_corrupt_and_rebuilt(isolated, bad):
+    """The attack: a manifest entry of the wrong type made every call of that kernel fail
+    with 561000 (AttributeError) for good.  Now it is reported as corrupt and rebuilt."""
+    x = np.ones((1, 1, 4, 4), np.float32)
+    args = (np.ones((1, 1, 2, 2), np.float32), x, np.zeros((1, 2, 2, 2), np.float32), 0, 0, False)
+    want = aclnn_iree.grid_sampler_2d_backward(*args)[0]
+    st = ArtifactStore(isolated)
+    m = st.manifest()
+    m["artifacts"][ArtifactStore.artifact_id(SPEC, TARGET)] = bad
+    Path(isolated, "manifest.json").write_text(json.dumps(m))
+    kernels._modules.clear()
+    if bad is not None:
+        assert st.status(SPEC, TARGET) == "corrupt"
+        with pytest.warns(RuntimeWarning, match="malformed"):
+            got = aclnn_iree.grid_sampler_2d_backward(*args)[0]
+    else:  # a null entry reads as absent: rebuilt silently
+        got = aclnn_iree.grid_sampler_2d_backward(*args)[0]
+    np.testing.assert_array_equal(got, want)
+    assert st.status(SPEC, TARGET) == "ok"
+
+
+def test_malformed_manifest_file_is_an_empty_store(tmp_path):
+    for text in ("[]", '{"artifacts": []}', "not json", '"x"'):
+        Path(tmp_path, "manifest.json").write_text(text)
+        assert ArtifactStore(tmp_path).manifest() == {"artifacts": {}}
+        assert ArtifactStore(tmp_path).status(SPEC, TARGET) == "missing"
+
+
+@pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664)], ids=["umask022", "umask002"])
+def test_store_files_respect_the_umask(tmp_path, umask, mode):
+    """The attack: files were created 0600 whatever the umask (mkstemp), so a store built by
+    one user read as "no valid artifact" for another."""
+    old = os.umask(umask)
+    try:
+        st = ArtifactStore(tmp_path / "store")
+        st.build_one(SPEC, TARGET)
+    finally:
+        os.umask(old)
+    for f in [*st.paths(SPEC, TARGET).values(), os.path.join(st.root, "manifest.json")]:
+        assert os.stat(f).st_mode & 0o777 == mode, f
+
+
+_READ_AS_ANOTHER_USER = """
+    import os, sys, warnings
+    from aclnn_iree.compiler import GridSamplerSpec, get_target
+    from aclnn_iree.compiler.build import ArtifactStore, artifact_key
+    from aclnn_iree.runtime import store
+    spec, target = GridSamplerSpec("bilinear", "zeros", False, "float32"), get_target("llvm-cpu")
+    artifact_key(spec, target)  # the CPU fingerprint and compiler version, while the stdlib is readable
+    if os.getuid() == 0:  # as root, read as nobody (root reads any file)
+        os.setgid(65534); os.setuid(65534)
+    st = ArtifactStore(sys.argv[1])
+    data, state, problem = st.find(spec, target)
+    print(state, "|", problem)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert st.lookup(spec, target) is None
+    print("WARN", w[0].message)
+    store.set_offline(True)
+    store.set_artifacts_dir(sys.argv[1])
+    store.PROJECT_ARTIFACTS = store.PROJECT_ARTIFACTS.parent / "no-such-artifacts"
+    try:
+        store.load_module_bytes(spec, "local-task")
+    except store.ArtifactMissing as e:
+        print("MISSING", e)
+"""
+
+
+def test_an_unreadable_artifact_says_so():
+    """The attack: a store another user could not read said "no valid artifact ... Run
+    aclnn-iree build".  Now the path and EACCES are named (found, not missing)."""
+    import tempfile
+    shared = Path(tempfile.mkdtemp(prefix="aclnn-iree-shared-", dir="/tmp"))  # others may enter /tmp
+    try:
+        os.chmod(shared, 0o755)
+        old = os.umask(0o022)
+        try:
+            st = ArtifactStore(shared / "store")
+            st.build_one(SPEC, TARGET)
+        finally:
+            os.umask(old)
+        vmfb = st.paths(SPEC, TARGET)["vmfb"]
+        os.chmod(vmfb, 0o000 if os.getuid() != 0 else 0o600)
+        cache = shared / "cache"
+        cache.mkdir()
+        os.chmod(cache, 0o777)
+        p = subprocess.run([sys.executable, "-c", textwrap.dedent(_READ_AS_ANOTHER_USER), st.root], text=True,
+                           capture_output=True, timeout=300, env={**os.environ, "ACLNN_IREE_CACHE": str(cache)})
+    finally:
+        for root, dirs, files in os.walk(shared):
+            for f in files:
+                os.chmod(os.path.join(root, f), 0o644)
+        shutil.rmtree(shared, ignore_errors=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = p.stdout
+    assert out.startswith("unreadable |"), out
+    assert f"cannot read {vmfb}" in out and "EACCES" in out and "Permission denied" in out
+    assert f"WARN artifact {vmfb}: cannot read" in out
+    assert "MISSING" in out and f"{vmfb} (cannot read {vmfb}: [Errno 13] EACCES" in out
+
+
+def test_stale_temporaries_are_removed_and_live_ones_kept(tmp_path):
+    """A writer killed mid-write leaves `.tmp-<host>-<pid>-...`: the next write into the
+    folder removes those of dead processes on this host and any over a day old."""
+    st = ArtifactStore(tmp_path / "store")
+    folder = Path(st.paths(SPEC, TARGET)["vmfb"]).parent
+    folder.mkdir(parents=True)
+    host = socket.gethostname().replace("-", "_")[:40]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    names = {"dead": f".tmp-{host}-{dead.pid}-0000-{SPEC.kernel_name}.vmfb",
+             "live": f".tmp-{host}-{os.getpid()}-0000-{SPEC.kernel_name}.mlir",
+             "old": f".tmp-otherhost-1-0000-{SPEC.kernel_name}.vmfb",
+             "fresh_other_host": f".tmp-otherhost-1-0001-{SPEC.kernel_name}.vmfb"}
+    for n in names.values():
+        (folder / n).write_bytes(b"partial")
+    two_days_ago = time.time() - 2 * 86400
+    os.utime(folder / names["old"], (two_days_ago, two_days_ago))
+    st.build_one(SPEC, TARGET)
+    left = {p.name for p in folder.iterdir() if p.name.startswith(".tmp-")}
+    assert left == {names["live"], names["fresh_other_host"]}
+
+
+def test_a_module_iree_cannot_load_names_its_file(isolated):
+    """The attack: a corrupt vmfb whose sha256 matched the manifest gave a FlatBuffer error
+    that did not name the file.  Now the message (561003) names it and says what to do."""
+    st = ArtifactStore(isolated)
+    st.build_one(SPEC, TARGET)
+    p = st.paths(SPEC, TARGET)["vmfb"]
+    junk = b"\x00" * 64 + os.urandom(256)
+    Path(p).write_bytes(junk)
+    m = st.manifest()
+    m["artifacts"][ArtifactStore.artifact_id(SPEC, TARGET)]["vmfb_sha256"] = hashlib.sha256(junk).hexdigest()
+    Path(isolated, "manifest.json").write_text(json.dumps(m))
+    x = np.ones((1, 1, 4, 4), np.float32)
+    with pytest.raises(AclnnError) as ei:
+        aclnn_iree.grid_sampler_2d_backward(np.ones((1, 1, 2, 2), np.float32), x, np.zeros((1, 2, 2, 2), np.float32),
+                                            0, 0, False)
+    assert ei.value.status == ACLNN_ERR_INNER_FIND_KERNEL_ERROR
+    assert p in str(ei.value) and "cannot load module" in str(ei.value)
