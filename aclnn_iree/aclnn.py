@@ -278,6 +278,7 @@ def _check_stream(stream, device=None):
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"stream must be an aclrtStream, got {type(stream).__name__}")
     if stream.destroyed:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, "stream was destroyed")
+    _check_usable(stream.device)
     if device is not None and stream.device is not device:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
                          f"stream is on device {stream.device.name} but the executor's tensors are on {device.name}")
@@ -417,6 +418,14 @@ def _run(op, workspace, workspaceSize, executor, stream) -> int:
         if not executor.repeatable:
             _release(executor)
     return E.ACLNN_SUCCESS
+
+
+def _check_usable(device):
+    """A device of this process (not inherited through fork()), else 361001."""
+    try:
+        device.check_usable()
+    except DeviceUnavailable as e:
+        raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, str(e)) from None
 
 
 def _phase1(build):
@@ -583,6 +592,7 @@ def aclnnGridSampler2DBackwardGetWorkspaceSize(gradOutput, input, grid, interpol
     mask = V.check_grid_sampler(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners,
                                 outputMask, inputGrad, gridGrad)
     dev = input.device
+    _check_usable(dev)
     outputs = [t for t, m in zip((inputGrad, gridGrad), mask) if m]
     if not outputs:
         return aclOpExecutor(GRID_SAMPLER_OP, dev)
@@ -626,6 +636,7 @@ def aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(gradOut, outputSize, input
     """
     layout, (rh, rw) = V.check_upsample(gradOut, outputSize, inputSize, alignCorners, scalesH, scalesW, out)
     dev = gradOut.device
+    _check_usable(dev)
     if gradOut.size == 0 or out.size == 0:
         return aclOpExecutor(UPSAMPLE_OP, dev, zero_fill=[out])
     spec = UpsampleSpec(bool(alignCorners), gradOut.dtype.name, layout)

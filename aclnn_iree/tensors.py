@@ -209,10 +209,12 @@ class aclrtBuffer:
 def device_of(device) -> Device:
     """A Device from a driver name, a Device, or a stream; raises for anything else."""
     if isinstance(device, Device):
+        device.check_usable()
         return device
     if isinstance(device, aclrtStream):
         if device.destroyed:
             raise ValueError("the stream was destroyed")
+        device.device.check_usable()
         return device.device
     if isinstance(device, str):
         return get_device(device)

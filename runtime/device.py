@@ -52,11 +52,21 @@ class Device:
             # The task executor reads its worker count when the device is created.
             rt.flags.parse_flags(f"--task_topology_group_count={int(threads)}")
         # CPU drivers run kernels on host memory: host arrays are imported, not copied.
-        self.is_host = name.split(":", 1)[0] in ("local-task", "local-sync")
+        base = name.split(":", 1)[0]
+        self.is_host = base in ("local-task", "local-sync")
         # The IREE bindings cache drivers per process, and the local-task driver's worker
         # threads do not survive fork(): a forked child runs local-task work on the
         # synchronous CPU driver instead (same kernels, one thread).
-        self.driver = "local-sync" if (_in_forked_child and name.split(":", 1)[0] == "local-task") else name
+        self.driver = "local-sync" if (_in_forked_child and base == "local-task") else name
+        if base in _drivers_of_parent and not self.is_host:
+            # A GPU driver the parent created is cached in this forked copy of it, with its
+            # threads gone: a device from it hangs on its first wait (seen with Vulkan).
+            raise DeviceUnavailable(
+                f"IREE device {name!r} cannot be used in a process forked after its parent used it "
+                "(the driver does not survive fork()); start the process with the 'spawn' or "
+                "'forkserver' method of multiprocessing, or use the CPU device here")
+        self.pid = os.getpid()  # a device belongs to the process that made it (see check_usable)
+        _drivers_used.add(base)
         try:
             self.config = rt.Config(self.driver)
         except Exception as e:  # IREE raises ValueError/RuntimeError depending on the driver
@@ -66,6 +76,15 @@ class Device:
         self.hal_module = rt.create_hal_module(self.instance, self.hal)
         self.allocator = self.hal.allocator
         self.placeholder = self.allocate(1)
+
+    def check_usable(self):
+        """Raises DeviceUnavailable when this device was made by another process: a forked
+        child inherits the parent's devices (and the streams, tensors and executors on
+        them), whose driver threads did not survive fork(); using one would hang."""
+        if self.pid != os.getpid():
+            raise DeviceUnavailable(
+                f"this object is on the parent process's IREE device {self.name!r}, which a forked "
+                "child cannot use; create streams and tensors again in the child")
 
     def allocate(self, nbytes: int) -> rt.HalBuffer:
         """A device buffer of `nbytes` bytes (at least 1) that the host can map."""
@@ -104,14 +123,18 @@ _devices: dict = {}
 _lock = threading.Lock()
 _orphans: list = []  # devices inherited through fork(): never used nor destroyed in the child
 _in_forked_child = False
+_drivers_used: set = set()  # drivers this process asked IREE for (IREE caches them per process)
+_drivers_of_parent: frozenset = frozenset()  # in a forked child: the parent's drivers
 
 
 def _after_fork_in_child():
     """A forked child gets fresh devices: the task executor's worker threads do not survive
     fork(), so the parent's devices would hang on first use.  The inherited ones are kept
-    (not destroyed) because tearing them down would wait for those threads too."""
-    global _devices, _lock, _in_forked_child
+    (not destroyed) because tearing them down would wait for those threads too.  GPU
+    drivers the parent used cannot be used at all (Device refuses them)."""
+    global _devices, _lock, _in_forked_child, _drivers_of_parent
     _in_forked_child = True
+    _drivers_of_parent = frozenset(_drivers_of_parent | _drivers_used)
     _orphans.append(_devices)
     _devices = {}
     _lock = threading.Lock()

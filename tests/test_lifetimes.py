@@ -249,3 +249,78 @@ def test_stream_and_repeatable_executor_shared_by_eight_threads(device):
     assert A.aclnnGridSampler2DBackward(wsb, ws, ex, s) == SUCCESS and A.aclrtSynchronizeStream(s) == SUCCESS
     assert (dx.numpy() == first[0]).all() and (dg.numpy() == first[1]).all()
     assert A.aclDestroyAclOpExecutor(ex) == SUCCESS
+
+
+# ----------------------------------------------------------------------------- fork
+def _in_forked_child(q, stream):
+    """Runs in a child forked after the parent used `stream`'s device: reports what the
+    Pythonic call on that device, and the parent's stream, give."""
+    import aclnn_iree
+    out = {}
+    a = lambda *s: np.ones(s, np.float32)  # noqa: E731
+    try:
+        dx, _ = aclnn_iree.grid_sampler_2d_backward(a(1, 1, 2, 2), a(1, 1, 3, 3), a(1, 2, 2, 2) * 0,
+                                                   device=stream.device.name)
+        out["call"] = ("ok", float(dx.sum()))
+    except aclnn_iree.AclnnError as e:
+        out["call"] = ("error", e.status, str(e))
+    out["sync"] = (A.aclrtSynchronizeStream(stream), A.aclGetRecentErrMsg())
+    t = A.aclCreateTensor(np.ones(3, np.float32), stream=stream)
+    out["tensor"] = (t is None, A.aclGetRecentErrMsg())
+    q.put(out)
+
+
+def _fork_and_report(stream):
+    import multiprocessing as mp
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_in_forked_child, args=(q, stream))
+    p.start()
+    p.join(60)
+    hung = p.is_alive()
+    if hung:
+        p.kill()
+    assert not hung, "the forked child hung"
+    assert p.exitcode == 0
+    return q.get(timeout=10)
+
+
+def test_forked_child_refuses_vulkan_at_once_when_the_parent_used_it():
+    """The attack: after the parent used Vulkan, a forked child's first Vulkan call never
+    returned from aclrtSynchronizeStream.  The driver does not survive fork() (IREE caches it
+    per process): the child now gets 361001 at once, saying to use spawn; the parent's stream
+    is refused too."""
+    require_device("vulkan")
+    st, s = A.aclrtCreateStream("vulkan")
+    t = A.aclCreateTensor(np.ones(4, np.float32), stream=s)
+    assert t is not None and A.aclrtSynchronizeStream(s) == SUCCESS
+    out = _fork_and_report(s)
+    kind, status, message = out["call"]
+    assert (kind, status) == ("error", A.ACLNN_ERR_RUNTIME_ERROR), out
+    assert "forked" in message and "spawn" in message
+    assert out["sync"][0] == A.ACLNN_ERR_RUNTIME_ERROR and "parent" in out["sync"][1]
+    assert out["tensor"][0] and "parent" in out["tensor"][1]
+
+
+def test_forked_child_computes_on_the_cpu_but_refuses_the_parents_stream():
+    """Local-task forks keep working (a fresh synchronous CPU device in the child); only the
+    parent's own stream, whose worker threads are gone, is refused (it used to hang)."""
+    st, s = A.aclrtCreateStream("local-task")
+    assert A.aclrtSynchronizeStream(s) == SUCCESS
+    out = _fork_and_report(s)
+    assert out["call"] == ("ok", 4.0), out
+    assert out["sync"][0] == A.ACLNN_ERR_RUNTIME_ERROR and "parent" in out["sync"][1]
+    assert out["tensor"][0]
+
+
+def test_spawned_child_uses_vulkan():
+    """What the message recommends works: a spawned child computes on Vulkan."""
+    require_device("vulkan")
+    code = """
+        import numpy as np, aclnn_iree
+        a = lambda *s: np.ones(s, np.float32)
+        dx, _ = aclnn_iree.grid_sampler_2d_backward(a(1, 1, 2, 2), a(1, 1, 3, 3), a(1, 2, 2, 2) * 0, device="vulkan")
+        assert float(dx.sum()) == 4.0
+        print("OK")
+    """
+    assert run_child(code).strip().endswith("OK")
