@@ -40,8 +40,8 @@ from .errors import AclnnError, brief
 from .runtime.device import DeviceUnavailable
 from .runtime.kernels import ModuleLoadError, load_module
 from .runtime.store import ArtifactMissing
-from .tensors import (FORMATS, aclBoolArray, aclIntArray, aclrtBuffer, aclrtStream, aclTensor, aligned, empty_aligned,
-                      device_of, hal_element_type, _import_or_upload)
+from .tensors import (FORMATS, aclBoolArray, aclIntArray, aclrtBuffer, aclrtStream, aclTensor, empty_aligned,
+                      device_of, hal_element_type, tensor_over)
 
 __all__ = [
     "aclGetRecentErrMsg", "aclCreateTensor", "aclDestroyTensor", "aclCreateIntArray", "aclDestroyIntArray",
@@ -134,7 +134,7 @@ def aclCreateTensor(array=None, format: str = "ND", *, shape=None, dtype=None, d
     except MemoryError as e:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateTensor: shape {shape} {e}") from None
     data[...] = 0 if array is None else array
-    return _wrap_host(dev, data, format)
+    return tensor_over(dev, data, format)
 
 
 def _device_arg(caller: str, device):
@@ -167,13 +167,6 @@ def _dtype_arg(dtype) -> np.dtype:
         return np.dtype(dtype)
     except TypeError as e:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateTensor: dtype {brief(dtype)}: {e}") from None
-
-
-def _wrap_host(dev, array: np.ndarray, fmt: str) -> aclTensor:
-    """A tensor over `array` (imported without a copy on CPU devices: the tensor aliases it)."""
-    array = aligned(array)
-    buf = _import_or_upload(dev, array)
-    return aclTensor(dev, buf, array.shape, array.dtype, fmt, host=array if dev.is_host else None)
 
 
 def aclDestroyTensor(tensor) -> int:
@@ -642,7 +635,7 @@ def aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(gradOut, outputSize, input
     spec = UpsampleSpec(bool(alignCorners), gradOut.dtype.name, layout)
     kernel = _load_kernel(dev, spec, spec.function_name())
     compute = np.float64 if gradOut.dtype == np.float64 else np.float32
-    scales = _wrap_host(dev, np.array([rh, rw], compute), "ND")
+    scales = tensor_over(dev, np.array([rh, rw], compute), "ND")
     views = [gradOut.view, scales.view, out.view]
     return aclOpExecutor(UPSAMPLE_OP, dev, kernel, views, _workspace_size(kernel, views),
                          tensors=(gradOut, scales, out))

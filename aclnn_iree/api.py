@@ -14,10 +14,11 @@ import numpy as np
 from . import aclnn as A
 from .runtime.device import on_fork_in_child
 from .errors import ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_PARAM_NULLPTR, ACLNN_SUCCESS, AclnnError
-from .tensors import aclTensor, empty_aligned
+from .tensors import aclTensor, descriptor, empty_aligned, tensor_over
 from .validation import INTERPOLATION_NAMES, PADDING_NAMES
 
-__all__ = ["grid_sampler_2d_backward", "upsample_bilinear2d_backward"]
+__all__ = ["grid_sampler_2d_backward", "upsample_bilinear2d_backward", "thread_stream", "run_grid_sampler",
+           "run_upsample"]
 
 _tls = threading.local()
 
@@ -29,8 +30,9 @@ def _forget_streams():
     _tls = threading.local()
 
 
-def _stream(device: str):
-    """This thread's stream on `device` (created once per thread and device)."""
+def thread_stream(device: str):
+    """This thread's stream on the IREE device `device` (created once per thread and device);
+    raises AclnnError (361001) when the device is unavailable."""
     streams = getattr(_tls, "streams", None)
     if streams is None:
         streams = _tls.streams = {}
@@ -86,7 +88,7 @@ def _host_tensor(dev, name, array, fmt="ND"):
         if not array.flags.writeable:
             array = np.array(array, order="C")
         # np.ascontiguousarray would turn a 0-d array into shape (1,): keep the caller's shape.
-        return A._wrap_host(dev, array if array.flags.c_contiguous else np.ascontiguousarray(array), fmt)
+        return tensor_over(dev, array if array.flags.c_contiguous else np.ascontiguousarray(array), fmt)
     except KeyError:
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} has dtype {array.dtype}; {_SUPPORTED}") from None
     except MemoryError:
@@ -99,11 +101,19 @@ def _output_tensor(dev, name, shape, dtype, fmt="ND"):
     """An uninitialised output tensor (imported host memory on CPU devices)."""
     dtype = np.dtype(dtype)
     try:
-        return A._wrap_host(dev, empty_aligned(shape, dtype), fmt)
+        return tensor_over(dev, empty_aligned(shape, dtype), fmt)
     except KeyError:
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"dtype {dtype} is not supported; {_SUPPORTED}") from None
     except MemoryError as e:
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} of shape {tuple(shape)} {e}") from None
+
+
+def _descriptor(dev, name, shape, dtype, fmt="ND"):
+    """A masked-out output: aclnn checks its shape, no kernel touches it, nothing is allocated."""
+    try:
+        return descriptor(dev, shape, dtype, fmt)
+    except KeyError:
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"dtype {np.dtype(dtype)} is not supported; {_SUPPORTED}") from None
 
 
 def _output_mask(output_mask) -> list:
@@ -151,6 +161,39 @@ def _execute(stream, status, ws_size, executor, run):
     _check(A.aclrtSynchronizeStream(stream))
 
 
+def run_grid_sampler(stream, grad_output, input, grid, grad_input, grad_grid, interpolation_mode, padding_mode,
+                     align_corners, output_mask, deterministic=None):
+    """Both phases of aclnnGridSampler2DBackward on aclTensors, waiting for the result.
+
+    The Pythonic and torch layers share it: the outputs are aclTensors over the caller's
+    memory (a `descriptor` for a masked-out one).  Raises AclnnError.
+    """
+    with A.scoped_determinism(deterministic):
+        status, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
+            grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+            A.aclCreateBoolArray(list(output_mask)), grad_input, grad_grid)
+    _execute(stream, status, ws, ex, A.aclnnGridSampler2DBackward)
+
+
+def run_upsample(stream, grad_output, output_size, input_size, align_corners, scales_h, scales_w, out):
+    """Both phases of aclnnUpsampleBilinear2dBackwardV2 on aclTensors (scales None: not
+    given), waiting for the result.  Raises AclnnError."""
+    osz, isz = _int_array("output_size", output_size), _int_array("input_size", input_size)
+    status, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
+        grad_output, osz, isz, align_corners, -1.0 if scales_h is None else scales_h,
+        -1.0 if scales_w is None else scales_w, out)
+    _execute(stream, status, ws, ex, A.aclnnUpsampleBilinear2dBackwardV2)
+
+
+def _int_array(name, values):
+    if values is None:
+        raise AclnnError(ACLNN_ERR_PARAM_NULLPTR, f"{name} is None")
+    arr = A.aclCreateIntArray(values)
+    if arr is None:  # the message already carries the status: keep only its text
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name}: {A.aclGetRecentErrMsg().split(': ', 1)[-1]}")
+    return arr
+
+
 def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, padding_mode=0, align_corners=False,
                              output_mask=(True, True), *, device: str = "local-task", deterministic=None):
     """Gradients of grid_sample w.r.t. input and grid (torch.ops.aten.grid_sampler_2d_backward).
@@ -186,19 +229,16 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     mask = _output_mask(output_mask)
     interpolation_mode = _mode("interpolation_mode", interpolation_mode, INTERPOLATION_NAMES)
     padding_mode = _mode("padding_mode", padding_mode, PADDING_NAMES)
-    stream = _stream(device)
+    stream = thread_stream(device)
     dev = stream.device
     # The kernels write every element of a requested output (and the empty-input path
     # zero-fills it), so outputs start uninitialised.  A masked-out output still needs a
     # tensor of the right shape (aclnn requires both); on CPU devices it is never touched.
     tensors = [_host_tensor(dev, n, a) for n, a in (("grad_output", go), ("input", x), ("grid", g))]
-    dx_t = _output_tensor(dev, "grad_input", x.shape, x.dtype)
-    dg_t = _output_tensor(dev, "grad_grid", g.shape, g.dtype)
-    with A.scoped_determinism(deterministic):
-        status, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
-            *tensors, interpolation_mode, padding_mode, align_corners, A.aclCreateBoolArray(mask), dx_t, dg_t)
-    _execute(stream, status, ws, ex, A.aclnnGridSampler2DBackward)
-    return (dx_t.result() if mask[0] else None, dg_t.result() if mask[1] else None)
+    outs = [(_output_tensor if m else _descriptor)(dev, name, a.shape, a.dtype)
+            for name, a, m in (("grad_input", x, mask[0]), ("grad_grid", g, mask[1]))]
+    run_grid_sampler(stream, *tensors, *outs, interpolation_mode, padding_mode, align_corners, mask, deterministic)
+    return tuple(t.result() if m else None for t, m in zip(outs, mask))
 
 
 def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners=False, scales_h=None,
@@ -230,19 +270,14 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
             raise AclnnError(ACLNN_ERR_PARAM_NULLPTR, f"{name} is None")
     if memory_format not in ("NCHW", "NHWC"):
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"memory_format must be 'NCHW' or 'NHWC', got {memory_format!r}")
-    osz, isz = A.aclCreateIntArray(output_size), A.aclCreateIntArray(input_size)
-    for name, arr in (("output_size", osz), ("input_size", isz)):
-        if arr is None:  # the message already carries the status: keep only its text
-            raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name}: {A.aclGetRecentErrMsg().split(': ', 1)[-1]}")
-    if isz.size == 4 and any(v < 0 for v in isz.values):
-        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"input_size has a negative entry: {isz.values}")
-    stream = _stream(device)
+    isz = _int_array("input_size", input_size).values
+    _int_array("output_size", output_size)
+    if len(isz) == 4 and any(v < 0 for v in isz):
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"input_size has a negative entry: {isz}")
+    stream = thread_stream(device)
     dev = stream.device
-    out_shape = isz.values if isz.size == 4 else (0, 0, 0, 0)
+    out_shape = isz if len(isz) == 4 else (0, 0, 0, 0)
     gt = _host_tensor(dev, "grad_output", go, memory_format)
     out = _output_tensor(dev, "grad_input", out_shape, go.dtype, memory_format)
-    status, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
-        gt, osz, isz, align_corners, -1.0 if scales_h is None else scales_h,
-        -1.0 if scales_w is None else scales_w, out)
-    _execute(stream, status, ws, ex, A.aclnnUpsampleBilinear2dBackwardV2)
+    run_upsample(stream, gt, output_size, input_size, align_corners, scales_h, scales_w, out)
     return out.result()

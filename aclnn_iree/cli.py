@@ -129,6 +129,14 @@ def _cmd_demo(args) -> int:
 
 def _cmd_bench(args) -> int:
     from .bench import run_bench
+    if "torch" in (args.op or []):
+        from .bench_torch import run_torch_bench
+        result = run_torch_bench(quick=args.quick, threads=args.threads, repeats=args.repeats)
+        if args.json:
+            import json
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+        return 0
     ops = [{"grid_sampler_2d_backward": "grid", "upsample_bilinear2d_backward": "upsample"}[o]
            for o in (args.op or [])]
     run_bench(quick=args.quick, threads=args.threads, device=args.device, ops=ops or None,
@@ -188,7 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     bn.add_argument("--threads", type=int, default=2, help="threads for us and for PyTorch (default 2)")
     bn.add_argument("--device", default="local-task", help="IREE device (default local-task)")
-    bn.add_argument("--op", action="append", choices=list(OPS), help="operator (repeatable; default: both)")
+    bn.add_argument("--op", action="append", choices=list(OPS) + ["torch"],
+                    help="operator (repeatable; default: both); 'torch': training steps (forward + backward) "
+                         "through aclnn_iree.torch beside PyTorch eager and torch.compile")
     bn.add_argument("--repeats", type=int, default=10, help="timed runs per measurement (median; default 10)")
     bn.add_argument("--no-compile", action="store_true", help="skip the compile-time measurements")
     bn.set_defaults(func=_cmd_bench)

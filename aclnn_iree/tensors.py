@@ -15,7 +15,7 @@ from .runtime.device import Device, element_type, get_device
 from .runtime.timeline import Timeline
 
 __all__ = ["aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer", "FORMATS",
-           "hal_element_type"]
+           "hal_element_type", "tensor_over", "descriptor", "import_or_upload", "aligned", "empty_aligned"]
 
 FORMATS = ("ND", "NCHW", "NHWC")
 # The kernels declare their buffer bindings 16-byte aligned: what NumPy (and malloc)
@@ -64,11 +64,12 @@ def empty_aligned(shape, dtype, alignment: int = 64) -> np.ndarray:
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
-def _import_or_upload(device: Device, array: np.ndarray) -> rt.HalBuffer:
+def import_or_upload(device: Device, array: np.ndarray) -> rt.HalBuffer:
     """A device buffer with `array`'s bytes.
 
-    On the CPU drivers the C-contiguous host array is imported without a copy
-    (the buffer keeps it alive); other devices get a copy.
+    On the CPU drivers the C-contiguous host array is imported without a copy (IREE does
+    not keep the array alive: whoever holds the buffer must hold the array too, as
+    aclTensor.storage does); other devices get a copy.
     """
     if array.nbytes == 0:
         return device.allocate(1)
@@ -77,6 +78,26 @@ def _import_or_upload(device: Device, array: np.ndarray) -> rt.HalBuffer:
             array, rt.MemoryType.DEVICE_LOCAL | rt.MemoryType.HOST_VISIBLE,
             rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING)
     return device.upload(array)
+
+
+def tensor_over(device: Device, array: np.ndarray, fmt: str = "ND") -> "aclTensor":
+    """An aclTensor over the host array `array`: on CPU devices the kernels read and write
+    `array`'s own memory (imported, no copy; an array that is not C-contiguous or not
+    16-byte aligned is copied once); on other devices a device copy of it.
+
+    Raises KeyError for a dtype a tensor cannot hold, MemoryError when a needed copy cannot
+    be allocated.
+    """
+    array = aligned(array)
+    buf = import_or_upload(device, array)
+    return aclTensor(device, buf, array.shape, array.dtype, fmt, host=array if device.is_host else None)
+
+
+def descriptor(device: Device, shape, dtype, fmt: str = "ND") -> "aclTensor":
+    """An aclTensor with a shape, dtype and format but no storage: an output whose
+    outputMask entry is False, which aclnn checks but no kernel touches (so no device
+    memory is allocated for it).  It cannot be read back."""
+    return aclTensor(device, None, shape, dtype, fmt)
 
 
 class aclTensor:
@@ -89,7 +110,7 @@ class aclTensor:
     Create with aclCreateTensor; release with aclDestroyTensor.
     """
 
-    def __init__(self, device: Device, buffer: rt.HalBuffer, shape, dtype, fmt: str, host=None):
+    def __init__(self, device: Device, buffer: rt.HalBuffer, shape, dtype, fmt: str, host=None, view=None):
         self.device = device
         self.buffer = buffer
         self.shape = tuple(int(s) for s in shape)
@@ -97,7 +118,10 @@ class aclTensor:
         self.format = fmt
         self.host = host  # the imported host array (CPU drivers), else None
         self.destroyed = False
-        self.view = rt.HalBufferView(buffer, list(self.shape), hal_element_type(self.dtype))
+        etype = hal_element_type(self.dtype)
+        if view is None and buffer is not None:
+            view = rt.HalBufferView(buffer, list(self.shape), etype)
+        self.view = view  # over `buffer`, of `shape` (None: a descriptor)
 
     @property
     def storage(self) -> tuple:
@@ -126,6 +150,8 @@ class aclTensor:
         """A host copy of the contents, shape `self.shape`, dtype `self.dtype`."""
         if self.destroyed:
             raise ValueError("aclTensor was destroyed")
+        if self.buffer is None:
+            raise ValueError("this aclTensor is a descriptor without storage (a masked-out output)")
         if self.host is not None:
             return self.host.reshape(self.shape).copy()
         if self.size == 0:

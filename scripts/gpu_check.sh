@@ -31,5 +31,7 @@ echo "== numerical suites on cuda (the CPU is the cross-device reference)"
 ACLNN_IREE_TEST_DEVICES=cuda timeout 240 python -m pytest -q -x -p no:cacheprovider \
     tests/test_devices.py tests/test_grid_sampler.py tests/test_dtypes.py \
     -k "not test_every_gpu_artifact_compiles and not test_named_gpu_arch" 2>&1 | tail -25
+echo "== PyTorch integration on CUDA tensors (DLPack to IREE's cuda device, the fallback)"
+timeout 240 python -m pytest -q -x -p no:cacheprovider tests/test_torch.py -k cuda 2>&1 | tail -15
 echo "== benchmark on cuda (PyTorch CPU beside it)"
 timeout 120 aclnn-iree bench --device cuda --quick --no-compile --repeats 10 2>&1 | tail -30

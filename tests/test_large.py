@@ -37,6 +37,7 @@ import numpy as np
 import pytest
 
 import aclnn_iree.aclnn as A
+from aclnn_iree.tensors import tensor_over
 from aclnn_iree import reference as ref
 
 pytestmark = pytest.mark.slow
@@ -80,7 +81,7 @@ def _report(request):
 def _tensor(stream, array, fmt="ND"):
     """An aclTensor over `array` itself (aligned and contiguous: imported without a copy, so it aliases
     the array; small unaligned arrays are copied).  aclCreateTensor would copy every array."""
-    return A._wrap_host(stream.device, np.ascontiguousarray(array), fmt)
+    return tensor_over(stream.device, np.ascontiguousarray(array), fmt)
 
 
 def _run(stream, phase1, phase2, *args):

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from aclnn_iree import aclnn as A
+from aclnn_iree.tensors import tensor_over
 from aclnn_iree import api
 from aclnn_iree import reference as R
 from aclnn_iree.compiler import specs
@@ -98,7 +99,7 @@ def _aclnn_dx(go, fmt, input_size, out_hw, offset):
     out_arr = raw[start:start + nbytes].view(dt).reshape(input_size)
     status, stream = A.aclrtCreateStream(DEVICE)
     assert status == A.ACLNN_SUCCESS
-    out = A._wrap_host(stream.device, out_arr, fmt)
+    out = tensor_over(stream.device, out_arr, fmt)
     assert np.shares_memory(out.host, out_arr) == (offset % 16 == 0)
     status, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
         A.aclCreateTensor(go, fmt, stream=stream), A.aclCreateIntArray(list(out_hw)),

@@ -1,0 +1,119 @@
+"""`aclnn-iree bench --op torch`: training steps through aclnn_iree.torch beside PyTorch's.
+
+For each suite case (aclnn_iree.bench.CASES, float32, same data and thread count) one
+training step is the forward and the backward of grid_sample (w.r.t. input and grid) or of
+interpolate(mode="bilinear") (w.r.t. input), timed four ways in alternating blocks:
+
+* PyTorch eager (F.grid_sample / F.interpolate);
+* PyTorch with torch.compile (inductor compiles forward and backward; compile time outside
+  the timer);
+* ours in eager mode (aclnn_iree.torch.grid_sample / interpolate: PyTorch's forward, our
+  backward);
+* ours under torch.compile (our backward ops stay calls in the compiled backward graph).
+
+It prints the step times and the ratios (a PyTorch row's time / ours, > 1 means our
+backward makes the step faster), and the overhead of a custom-op call over the Pythonic
+call on a tiny case (microseconds).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .bench import CASES, QUICK, _alternating_medians
+
+__all__ = ["run_torch_bench", "custom_op_overhead_us"]
+
+
+def _step(case, torch, F, AT, ours: bool, compiled: bool):
+    """(step function) for one case: forward + backward, gradients into fresh .grad fields."""
+    N, C, H, W, Ho, Wo = case.shape
+    g = torch.Generator().manual_seed(0)
+    if case.op == "grid":
+        x = torch.randn(N, C, H, W, generator=g).requires_grad_(True)
+        grid = (torch.rand(N, Ho, Wo, 2, generator=g) * 2.2 - 1.1).requires_grad_(True)
+        go = torch.randn(N, C, Ho, Wo, generator=g)
+        mode = {0: "bilinear", 1: "nearest", 2: "bicubic"}[case.mode]
+        pad = {0: "zeros", 1: "border", 2: "reflection"}[case.padding]
+        fn = AT.grid_sample if ours else F.grid_sample
+
+        def forward(a, b):
+            return fn(a, b, mode=mode, padding_mode=pad, align_corners=case.align_corners)
+        args = (x, grid)
+    else:
+        fmt = torch.channels_last if case.layout == "NHWC" else torch.contiguous_format
+        x = torch.randn(N, C, H, W, generator=g).contiguous(memory_format=fmt).requires_grad_(True)
+        go = torch.randn(N, C, Ho, Wo, generator=g).contiguous(memory_format=fmt)
+        fn = AT.interpolate if ours else F.interpolate
+
+        def forward(a):
+            return fn(a, size=(Ho, Wo), mode="bilinear", align_corners=case.align_corners)
+        args = (x,)
+    if compiled:
+        forward = torch.compile(forward, fullgraph=True)
+
+    def step():
+        for a in args:
+            a.grad = None
+        forward(*args).backward(go)
+        return [a.grad for a in args]
+    return step
+
+
+def custom_op_overhead_us(torch, repeats: int = 200, blocks: int = 10) -> dict:
+    """Microseconds of the tiny 1x1x4x4 grid-sampler backward through the custom op and through
+    the Pythonic call, and their difference (the host cost of the torch layer).
+
+    Both run on the synchronous CPU device (local-sync): on local-task a tiny call's time is
+    mostly the wake-up of a worker thread, whose jitter on a shared VM hides a difference
+    of microseconds.  The minimum over `blocks` alternating blocks of `repeats` calls."""
+    from . import api
+    from .torch import _bridge
+    x = torch.ones(1, 1, 4, 4)
+    g = torch.zeros(1, 4, 4, 2)
+    op = torch.ops.aclnn_iree.grid_sampler_2d_backward
+    xn, gn = x.numpy(), g.numpy()
+    before = _bridge.get_cpu_device()
+    _bridge.set_cpu_device("local-sync")
+    try:
+        fns = {"op": lambda: op(x, x, g, 0, 0, False, [True, True]),
+               "pythonic": lambda: api.grid_sampler_2d_backward(xn, xn, gn, device="local-sync")}
+        best = {k: min(_alternating_medians({k: f}, repeats, blocks=1, warmup=20)[k] for _ in range(blocks))
+                for k, f in fns.items()}
+    finally:
+        _bridge.set_cpu_device(before)
+    return {"custom_op_us": 1e6 * best["op"], "pythonic_us": 1e6 * best["pythonic"],
+            "overhead_us": 1e6 * (best["op"] - best["pythonic"])}
+
+
+def run_torch_bench(quick=False, threads=2, repeats=10, out=print) -> dict:
+    """Times the training steps; prints the table; returns the rows."""
+    import torch
+    import torch.nn.functional as F
+    import aclnn_iree.torch as AT
+    torch.set_num_threads(threads)
+    cases = [c for c in CASES if not quick or c.name in QUICK]
+    out(f"training steps (forward + backward), {threads} threads, float32; medians of {repeats}; compile "
+        "times outside the timer")
+    out(f"{'case':40s} {'eager ms':>9s} {'compiled':>9s} {'ours':>8s} {'ours+cmp':>9s} "
+        f"{'x eager':>8s} {'x comp':>7s}")
+    rows = []
+    for case in cases:
+        steps = {name: _step(case, torch, F, AT, ours, compiled)
+                 for name, ours, compiled in (("eager", False, False), ("compiled", False, True),
+                                              ("ours", True, False), ("ours_compiled", True, True))}
+        ref = [t.clone() for t in steps["eager"]()]
+        for name, fn in steps.items():  # compiles, and checks every row computes the same gradients
+            for a, b in zip(fn(), ref):
+                np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-3, atol=1e-3 * float(b.abs().max()),
+                                           err_msg=f"{case.name}: {name} computes other gradients")
+        t = _alternating_medians(steps, repeats)
+        best_ours = min(t["ours"], t["ours_compiled"])
+        row = {"case": case.name, **{f"{k}_ms": 1e3 * v for k, v in t.items()},
+               "ratio_eager": t["eager"] / best_ours, "ratio_compiled": t["compiled"] / best_ours}
+        rows.append(row)
+        out(f"{case.name:40s} {row['eager_ms']:9.2f} {row['compiled_ms']:9.2f} {row['ours_ms']:8.2f} "
+            f"{row['ours_compiled_ms']:9.2f} {row['ratio_eager']:8.2f} {row['ratio_compiled']:7.2f}")
+    overhead = custom_op_overhead_us(torch)
+    out(f"custom-op call {overhead['custom_op_us']:.0f} us vs the Pythonic call {overhead['pythonic_us']:.0f} us "
+        f"on 1x1x4x4 (local-sync): {overhead['overhead_us']:.0f} us of torch layer")
+    return {"training_steps": rows, "custom_op_overhead": overhead, "threads": threads}

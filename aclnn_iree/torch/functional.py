@@ -1,0 +1,111 @@
+"""Drop-in replacements for torch.nn.functional.grid_sample and interpolate (bilinear).
+
+Same signatures, defaults, argument checks and semantics as PyTorch 2.13's; the forward
+is PyTorch's own, the backward ours (through the custom ops in aclnn_iree.torch.ops),
+so the gradients match autograd's (README "PyTorch").
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import ops  # noqa: F401  (registers torch.ops.aclnn_iree.*)
+
+__all__ = ["grid_sample", "interpolate"]
+
+_MODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}
+_PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
+
+
+def grid_sample(input, grid, mode: str = "bilinear", padding_mode: str = "zeros", align_corners=False):
+    """torch.nn.functional.grid_sample whose backward runs our aclnnGridSampler2DBackward kernel.
+
+    input (N, C, H_in, W_in), grid (N, H_out, W_out, 2) with (x, y) in [-1, 1]; mode
+    "bilinear" | "nearest" | "bicubic"; padding_mode "zeros" | "border" | "reflection";
+    align_corners as in PyTorch (default False; None means False, as there).  Returns
+    (N, C, H_out, W_out).  A 5-D (volumetric) input goes to F.grid_sample itself (our
+    kernels are 2-D).  Raises ValueError for an unknown mode or padding_mode, as
+    F.grid_sample does, and aclnn_iree.AclnnError for shapes aclnn refuses.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"nn.functional.grid_sample(): expected mode to be 'bilinear', 'nearest' or 'bicubic', "
+                         f"but got: '{mode}'")
+    if padding_mode not in _PADDINGS:
+        raise ValueError("nn.functional.grid_sample(): expected padding_mode to be 'zeros', 'border', or "
+                         f"'reflection', but got: '{padding_mode}'")
+    if align_corners is None:
+        align_corners = False
+    if input.dim() != 4:
+        return F.grid_sample(input, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+    return torch.ops.aclnn_iree.grid_sampler_2d(input, grid, _MODES[mode], _PADDINGS[padding_mode],
+                                                bool(align_corners))
+
+
+def _is_integer(x) -> bool:
+    return isinstance(x, int) or (isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dim() == 0)
+
+
+def interpolate(input, size=None, scale_factor=None, mode: str = "bilinear", align_corners=None,
+                recompute_scale_factor=None, antialias: bool = False):
+    """torch.nn.functional.interpolate(mode="bilinear") whose backward is our
+    aclnnUpsampleBilinear2dBackwardV2 kernel.
+
+    input (N, C, H, W), contiguous or channels_last (the gradient keeps its layout and
+    takes the NHWC kernel); exactly one of size ((H_out, W_out) or an int) and
+    scale_factor (a float or two); align_corners defaults to False; recompute_scale_factor
+    as in PyTorch.  The output size and the scales given to the backward are computed
+    exactly as F.interpolate computes them, so the gradients match autograd's.  Raises
+    ValueError for another mode (naming the supported one), for antialias=True, and for
+    the argument errors F.interpolate raises.
+    """
+    if mode != "bilinear":
+        raise ValueError(f"aclnn_iree.torch.interpolate supports mode='bilinear' only, got mode={mode!r}; use "
+                         "torch.nn.functional.interpolate for other modes")
+    if antialias:
+        raise ValueError("aclnn_iree.torch.interpolate has no antialias=True form (aclnn's upsample backward has "
+                         "none); use torch.nn.functional.interpolate")
+    if input.dim() != 4:
+        raise NotImplementedError(f"Got {input.dim()}D input, but bilinear mode needs 4D input")
+    if align_corners is None:
+        align_corners = False
+    dim = 2
+    if size is not None and scale_factor is not None:
+        raise ValueError("only one of size or scale_factor should be defined")
+    if size is not None:
+        if isinstance(size, (list, tuple)):
+            if len(size) != dim:
+                raise ValueError(
+                    "Input and output must have the same number of spatial dimensions, but got "
+                    f"input with spatial dimensions of {list(input.shape[2:])} and output size of {size}. "
+                    "Please provide input tensor in (N, C, d1, d2, ...,dK) format and "
+                    "output size in (o1, o2, ...,oK) format.")
+            if not all(_is_integer(x) for x in size):
+                raise TypeError("expected size to be one of int or Tuple[int] or Tuple[int, int] or "
+                                f"Tuple[int, int, int], but got size with types {[type(x) for x in size]}")
+            output_size = [int(x) for x in size]
+        else:
+            output_size = [int(size)] * dim
+        scale_factors = None
+    elif scale_factor is not None:
+        if isinstance(scale_factor, (list, tuple)):
+            if len(scale_factor) != dim:
+                raise ValueError(
+                    "Input and scale_factor must have the same number of spatial dimensions, but "
+                    f"got input with spatial dimensions of {list(input.shape[2:])} and "
+                    f"scale_factor of shape {scale_factor}. "
+                    "Please provide input tensor in (N, C, d1, d2, ...,dK) format and "
+                    "scale_factor in (s1, s2, ...,sK) format.")
+            scale_factors = [float(s) for s in scale_factor]
+        else:
+            scale_factors = [float(scale_factor)] * dim
+        output_size = None
+    else:
+        raise ValueError("either size or scale_factor should be defined")
+    if recompute_scale_factor and size is not None:
+        raise ValueError("recompute_scale_factor is not meaningful with an explicit size.")
+    if output_size is None:  # as F.interpolate and ATen's upsample_compute_output_size: truncate in double
+        output_size = [torch.sym_int(input.size(i + 2) * scale_factors[i]) for i in range(dim)]
+        if recompute_scale_factor:
+            scale_factors = None
+    scales_h, scales_w = scale_factors if scale_factors is not None else (None, None)
+    return torch.ops.aclnn_iree.upsample_bilinear2d(input, output_size, bool(align_corners), scales_h, scales_w)

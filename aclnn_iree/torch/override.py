@@ -1,0 +1,109 @@
+"""Our kernels as PyTorch's own CPU kernels of the two aten backward ops, for unmodified models.
+
+While enabled, ``aten::grid_sampler_2d_backward`` and ``aten::upsample_bilinear2d_backward``
+on CPU tensors run our kernels (torch.library.Library("aten", "IMPL")), so
+``F.grid_sample(...).backward()`` and ``F.interpolate(..., mode="bilinear").backward()``
+use them without a change to the model.  What we do not handle (a dtype outside float16,
+bfloat16, float32, float64; an upsample scale that disagrees with the sizes, which PyTorch
+defines and aclnn refuses; no IREE device) goes to PyTorch's kernel, kept with
+torch.library.get_kernel.  disable() destroys the library, which restores PyTorch's
+kernels exactly.  Under torch.compile, inductor keeps grid_sampler_2d_backward as a call
+of the aten op (the override runs) but decomposes upsample_bilinear2d_backward into its
+own code (the override does not run): use the functions of aclnn_iree.torch there.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+import warnings
+
+import torch
+
+from . import _bridge as B
+
+__all__ = ["enable", "disable", "enabled", "is_enabled"]
+
+_GRID = "aten::grid_sampler_2d_backward"
+_UPSAMPLE = "aten::upsample_bilinear2d_backward"
+_lock = threading.RLock()
+_library = None
+_originals: dict = {}
+
+
+def _consistent(scale, in_size, out_size) -> bool:
+    return scale is None or scale <= 0 or out_size == math.floor(in_size * scale)
+
+
+def _grid_kernel(keyset, grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    tensors = (grad_output, input, grid)
+    name = B.iree_device_for(*tensors) if all(t.dtype in B.SUPPORTED_DTYPES and t.dtype == input.dtype
+                                             for t in tensors) else None
+    if name is None:
+        return _originals[_GRID].call_boxed(keyset, grad_output, input, grid, interpolation_mode, padding_mode,
+                                            align_corners, output_mask)
+    # A masked-out gradient is returned undefined (None), as aten returns grad_input.
+    return B.grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, padding_mode,
+                                   align_corners, output_mask)
+
+
+def _upsample_kernel(keyset, grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    name = None
+    if (grad_output.dtype in B.SUPPORTED_DTYPES and len(output_size) == 2 and len(input_size) == 4
+            and _consistent(scales_h, input_size[2], output_size[0])
+            and _consistent(scales_w, input_size[3], output_size[1])):
+        name = B.iree_device_for(grad_output)
+    if name is None:
+        return _originals[_UPSAMPLE].call_boxed(keyset, grad_output, output_size, input_size, align_corners,
+                                                scales_h, scales_w)
+    return B.upsample_backward(name, grad_output, output_size, input_size, align_corners, scales_h, scales_w)
+
+
+def enable():
+    """Makes our kernels PyTorch's CPU kernels of aten::grid_sampler_2d_backward and
+    aten::upsample_bilinear2d_backward (idempotent).  See the module docstring."""
+    global _library
+    with _lock:
+        if _library is not None:
+            return
+        if not hasattr(torch.library, "get_kernel"):
+            raise RuntimeError(f"aclnn_iree.torch.enable() needs torch.library.get_kernel, which PyTorch "
+                               f"{torch.__version__} lacks; use aclnn_iree.torch.grid_sample / interpolate instead")
+        for op in (_GRID, _UPSAMPLE):
+            _originals[op] = torch.library.get_kernel(op, "CPU")
+        lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
+            warnings.simplefilter("ignore", UserWarning)
+            lib.impl("grid_sampler_2d_backward", _grid_kernel, "CPU", with_keyset=True)
+            lib.impl("upsample_bilinear2d_backward", _upsample_kernel, "CPU", with_keyset=True)
+        _library = lib
+
+
+def disable():
+    """Restores PyTorch's own CPU kernels of both ops (no-op when not enabled)."""
+    global _library
+    with _lock:
+        if _library is None:
+            return
+        _library._destroy()
+        _library = None
+        _originals.clear()
+
+
+def is_enabled() -> bool:
+    """Whether enable() is in effect."""
+    return _library is not None
+
+
+@contextlib.contextmanager
+def enabled():
+    """Within the block our kernels are PyTorch's CPU kernels of both ops; on exit (an
+    exception included) the state before the block comes back, so blocks nest."""
+    with _lock:
+        was = is_enabled()
+        enable()
+    try:
+        yield
+    finally:
+        if not was:
+            disable()

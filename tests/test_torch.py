@@ -1,0 +1,492 @@
+"""aclnn_iree.torch: our backward kernels inside autograd, torch.compile and DDP (README "PyTorch").
+
+Oracles: PyTorch 2.13's own autograd (F.grid_sample / F.interpolate and the aten backward
+ops) and the float64 reference, with the dtype-derived bounds of tests/test_dtypes.py;
+bitwise equality with the Pythonic call on the same data proves that our kernel ran.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import aclnn_iree  # noqa: E402
+import aclnn_iree.torch as AT  # noqa: E402
+from aclnn_iree import reference as ref  # noqa: E402
+from aclnn_iree.torch import _bridge  # noqa: E402
+from conftest import require_device  # noqa: E402
+from test_dtypes import (BF16, F16, F32, F64, _torch_dtype, check_f64, check_half, error_bound, grid_case,  # noqa: E402
+                         upsample_case)
+
+DTYPES = [F16, BF16, F32, F64]
+MODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}
+PADS = {"zeros": 0, "border": 1, "reflection": 2}
+OPS = torch.ops.aclnn_iree
+
+
+def _t(a: np.ndarray, dtype, **kw):
+    """A torch tensor of `dtype` holding the (already rounded) values of `a`."""
+    return torch.from_numpy(np.ascontiguousarray(a.astype(np.float64))).to(_torch_dtype(dtype)).requires_grad_(
+        kw.get("grad", False))
+
+
+def _np(t):
+    return t.detach().double().numpy()
+
+
+def _assert_bits(ours_torch, ours_numpy, what):
+    a = ours_torch.detach()
+    a = a.view(torch.int16).numpy() if a.dtype == torch.bfloat16 else a.numpy()
+    b = np.ascontiguousarray(ours_numpy)
+    b = b.view(np.int16) if b.dtype == BF16 else b
+    assert a.shape == b.shape and a.tobytes() == b.tobytes(), f"{what}: not the Pythonic call's bits"
+
+
+def _check_bound(out, refv, sums, dtype, torch_out, what):
+    """ours within the dtype-derived bound of the reference; ours within that bound plus
+    PyTorch's own error of PyTorch (the triangle inequality: neither side is tuned)."""
+    o = _np(out)
+    if dtype == F64:
+        check_f64(o, refv, what)
+        bound = np.full(refv.shape, 1e-12 * float(np.max(np.abs(refv), initial=0.0)))
+    else:
+        check_half(o.astype(dtype), refv, *sums, dtype, what)
+        bound = error_bound(refv, *sums, dtype)[0]
+    t = _np(torch_out)
+    slack = bound + np.abs(t - refv)
+    finite = np.isfinite(t) & np.isfinite(o)
+    bad = finite & (np.abs(o - t) > slack)
+    assert not bad.any(), f"{what}: differs from PyTorch beyond both errors, e.g. {o[bad][:3]} vs {t[bad][:3]}"
+
+
+# ----------------------------------------------------------------------------- opcheck
+def _opcheck(op, args):
+    result = torch.library.opcheck(op, args)
+    assert all(v == "SUCCESS" for v in result.values()), result
+
+
+@pytest.mark.parametrize("mask", [[True, True], [True, False], [False, True]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_opcheck_grid_sampler_ops(mask, dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 6, 5, dtype=dtype, generator=g)
+    grid = (torch.rand(2, 4, 3, 2, dtype=dtype, generator=g) * 2.4 - 1.2)
+    go = torch.randn(2, 3, 4, 3, dtype=dtype, generator=g)
+    _opcheck(OPS.grid_sampler_2d_backward.default, (go, x, grid, 0, 2, False, mask))
+    _opcheck(OPS.grid_sampler_2d.default, (x.requires_grad_(mask[0]), grid.requires_grad_(mask[1]), 2, 1, True))
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("scales", [None, 2.0])
+def test_opcheck_upsample_ops(layout, scales):
+    fmt = torch.channels_last if layout == "NHWC" else torch.contiguous_format
+    x = torch.randn(2, 3, 5, 7).contiguous(memory_format=fmt)
+    go = torch.randn(2, 3, 10, 14).contiguous(memory_format=fmt)
+    _opcheck(OPS.upsample_bilinear2d_backward.default, (go, [10, 14], [2, 3, 5, 7], False, scales, scales))
+    _opcheck(OPS.upsample_bilinear2d.default, (x.requires_grad_(True), [10, 14], False, scales, scales))
+    _opcheck(OPS.upsample_bilinear2d.default, (x, [4, 9], True, None, None))
+
+
+# ----------------------------------------------------------------------------- gradcheck (float64)
+@pytest.mark.parametrize("mode,pad,ac", list(itertools.product(MODES, PADS, (False, True))))
+def test_gradcheck_grid_sample(mode, pad, ac):
+    g = torch.Generator().manual_seed(hash((mode, pad, ac)) % 2**31)
+    x = torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    # random points (never on a kink: integer or half-integer pixel coordinates, borders)
+    grid = (torch.rand(1, 3, 3, 2, dtype=torch.float64, generator=g) * 2.6 - 1.3).requires_grad_(True)
+    fn = lambda a, b: AT.grid_sample(a, b, mode=mode, padding_mode=pad, align_corners=ac)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, grid), eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("how", [{"size": (7, 3)}, {"size": 9}, {"scale_factor": 1.7}, {"scale_factor": (0.6, 2.5)},
+                                 {"scale_factor": 1.7, "recompute_scale_factor": True}],
+                         ids=["size", "size-int", "scale", "scales", "recompute"])
+@pytest.mark.parametrize("ac", [False, True])
+def test_gradcheck_interpolate(how, ac):
+    x = torch.randn(2, 2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    fn = lambda a: AT.interpolate(a, mode="bilinear", align_corners=ac, **how)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x,), eps=1e-6, atol=1e-8, rtol=1e-7)
+    # the output size and the scales handed to the backward are F.interpolate's
+    want = F.interpolate(x, mode="bilinear", align_corners=ac, **how)
+    assert fn(x).shape == want.shape
+
+
+# ----------------------------------------------------------------------------- accuracy, all dtypes
+GRID_VARIANTS = [(0, 0, False), (0, 2, True), (1, 1, False), (2, 2, False), (2, 0, True)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("mode,pad,ac", GRID_VARIANTS)
+def test_grid_sample_gradients_match_pytorch_and_our_kernel(mode, pad, ac, dtype):
+    case = grid_case(mode, pad, ac, "random")
+    go, x, grid = case.inputs(dtype)
+    name = {v: k for k, v in MODES.items()}[mode], {v: k for k, v in PADS.items()}[pad]
+    xt, gt = _t(x, dtype, grad=True), _t(grid, dtype, grad=True)
+    AT.grid_sample(xt, gt, mode=name[0], padding_mode=name[1], align_corners=ac).backward(_t(go, dtype))
+    dx, dg = aclnn_iree.grid_sampler_2d_backward(go, x, grid, mode, pad, ac)
+    _assert_bits(xt.grad, dx, "grad_input")
+    _assert_bits(gt.grad, dg, "grad_grid")
+    xr, gr = _t(x, dtype, grad=True), _t(grid, dtype, grad=True)
+    F.grid_sample(xr, gr, mode=name[0], padding_mode=name[1], align_corners=ac).backward(_t(go, dtype))
+    refs, sums = case.reference(dtype), case.abs_sums(dtype)
+    _check_bound(xt.grad, refs["dx"], sums["dx"], dtype, xr.grad, f"{case.label} {dtype.name} dx")
+    _check_bound(gt.grad, refs["dgrid"], sums["dgrid"], dtype, gr.grad, f"{case.label} {dtype.name} dgrid")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("direction,ac", [("up", False), ("down", True)])
+def test_interpolate_gradients_match_pytorch_and_our_kernel(direction, ac, layout, dtype):
+    case = upsample_case(direction, "random", ac, layout)
+    (go,) = case.inputs(dtype)
+    (Ho, Wo), (N, C, H, W) = case.sizes
+    fmt = torch.channels_last if layout == "NHWC" else torch.contiguous_format
+    xt = torch.zeros((N, C, H, W), dtype=_torch_dtype(dtype)).contiguous(memory_format=fmt).requires_grad_(True)
+    out = AT.interpolate(xt, size=(Ho, Wo), align_corners=ac)
+    out.backward(_t(go, dtype).contiguous(memory_format=fmt))
+    assert xt.grad.is_contiguous(memory_format=fmt)
+    _assert_bits(xt.grad.contiguous(), case.ours(dtype)["dx"], "grad_input")
+    xr = torch.zeros_like(xt).requires_grad_(True)
+    F.interpolate(xr, size=(Ho, Wo), mode="bilinear", align_corners=ac).backward(_t(go, dtype).contiguous(
+        memory_format=fmt))
+    _check_bound(xt.grad, case.reference(dtype)["dx"], case.abs_sums(dtype)["dx"], dtype, xr.grad,
+                 f"{case.label} {dtype.name}")
+
+
+# ----------------------------------------------------------------------------- layouts, masks, copies
+def test_output_mask_follows_needs_input_grad(monkeypatch):
+    """A gradient autograd does not need is never computed."""
+    seen = []
+    real = _bridge.grid_sampler_backward
+    monkeypatch.setattr(_bridge, "grid_sampler_backward", lambda *a: seen.append(list(a[-1])) or real(*a))
+    x, g = torch.randn(1, 2, 5, 5), torch.rand(1, 3, 3, 2) * 2 - 1
+    for xr, gr in ((True, False), (False, True), (True, True)):
+        xi, gi = x.clone().requires_grad_(xr), g.clone().requires_grad_(gr)
+        AT.grid_sample(xi, gi).sum().backward()
+        assert (xi.grad is not None, gi.grad is not None) == (xr, gr)
+    assert seen == [[True, False], [False, True], [True, True]]
+
+
+def test_channels_last_and_strided_inputs():
+    g = torch.Generator().manual_seed(4)
+    base = torch.randn(2, 3, 9, 12, generator=g)
+    for x in (base.contiguous(memory_format=torch.channels_last), base[:, :, ::2, 1:]):
+        grid = torch.rand(2, 4, 5, 2, generator=g) * 2 - 1
+        xa, ga = x.clone().requires_grad_(True), grid.clone().requires_grad_(True)
+        xb, gb = x.clone().requires_grad_(True), grid.clone().requires_grad_(True)
+        AT.grid_sample(xa, ga, align_corners=True).square().sum().backward()
+        F.grid_sample(xb, gb, align_corners=True).square().sum().backward()
+        torch.testing.assert_close(xa.grad, xb.grad, rtol=2e-5, atol=2e-5)
+        torch.testing.assert_close(ga.grad, gb.grad, rtol=2e-5, atol=2e-5)
+        ya, yb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        AT.interpolate(ya, scale_factor=1.5).square().sum().backward()
+        F.interpolate(yb, scale_factor=1.5, mode="bilinear").square().sum().backward()
+        torch.testing.assert_close(ya.grad, yb.grad, rtol=2e-5, atol=2e-5)
+
+
+def test_no_copies_of_contiguous_tensors_on_the_cpu(monkeypatch):
+    """The kernels read the caller's tensors and write the returned gradients in place: the
+    device buffers the aclnn layer gets map onto the tensors' own memory (DLPack for
+    PyTorch's 64-byte aligned allocations, a NumPy view for other aligned memory)."""
+    seen = []
+    real = _bridge._acl
+
+    def spy(device, t, fmt="ND"):
+        a = real(device, t, fmt)
+        mapped = a.buffer.map().asarray([a.nbytes], np.dtype(np.uint8)).ctypes.data
+        seen.append((t.data_ptr(), mapped))
+        return a
+
+    monkeypatch.setattr(_bridge, "_acl", spy)
+    for dtype in (torch.float32, torch.bfloat16):
+        seen.clear()
+        go, x, grid = torch.randn(2, 3, 4, 5, dtype=dtype), torch.randn(2, 3, 6, 6, dtype=dtype), \
+            (torch.rand(2, 4, 5, 2) * 2 - 1).to(dtype)
+        dx, dg = OPS.grid_sampler_2d_backward(go, x, grid, 0, 0, False, [True, True])
+        assert [p for p, _ in seen] == [dx.data_ptr(), dg.data_ptr(), go.data_ptr(), x.data_ptr(), grid.data_ptr()]
+        assert all(p == m for p, m in seen), seen
+        seen.clear()
+        gu = torch.randn(2, 3, 8, 10, dtype=dtype).contiguous(memory_format=torch.channels_last)
+        du = OPS.upsample_bilinear2d_backward(gu, [8, 10], [2, 3, 4, 5], False, None, None)
+        assert du.is_contiguous(memory_format=torch.channels_last)
+        assert seen == [(gu.data_ptr(), gu.data_ptr()), (du.data_ptr(), du.data_ptr())]
+    seen.clear()
+    from aclnn_iree.tensors import empty_aligned
+    raw = empty_aligned((2 * 3 * 6 * 6 + 4,), np.float32)  # on a 64-byte line ...
+    raw[...] = 1
+    off16 = torch.from_numpy(raw[4:].reshape(2, 3, 6, 6))  # ... so this starts 16 bytes past one
+    assert off16.data_ptr() % 64 == 16
+    OPS.grid_sampler_2d_backward(torch.ones(2, 3, 4, 5), off16, torch.zeros(2, 4, 5, 2), 0, 0, False, [True, False])
+    assert (off16.data_ptr(), off16.data_ptr()) in seen  # the NumPy-view import: still no copy
+
+
+def test_vulkan_for_cpu_tensors():
+    """set_cpu_device("vulkan"): CPU tensors computed on Vulkan (copied there and back), with
+    the Vulkan kernels' bits."""
+    require_device("vulkan")
+    x, g, go = torch.randn(1, 2, 6, 6), torch.rand(1, 4, 4, 2) * 2 - 1, torch.randn(1, 2, 4, 4)
+    AT.set_cpu_device("vulkan")
+    try:
+        dx, dg = OPS.grid_sampler_2d_backward(go, x, g, 0, 1, False, [True, True])
+    finally:
+        AT.set_cpu_device("local-task")
+    want = aclnn_iree.grid_sampler_2d_backward(go.numpy(), x.numpy(), g.numpy(), 0, 1, False, device="vulkan")
+    _assert_bits(dx, want[0], "vulkan grad_input")
+    _assert_bits(dg, want[1], "vulkan grad_grid")
+
+
+def test_bad_arguments_are_clear_errors():
+    x = torch.randn(1, 2, 4, 4)
+    with pytest.raises(ValueError, match="mode='bilinear' only"):
+        AT.interpolate(x, scale_factor=2, mode="bicubic")
+    with pytest.raises(ValueError, match="expected mode"):
+        AT.grid_sample(x, torch.zeros(1, 2, 2, 2), mode="cubic")
+    with pytest.raises(ValueError, match="only one of size or scale_factor"):
+        AT.interpolate(x, size=3, scale_factor=2)
+    with pytest.raises(ValueError, match="not supported"):
+        OPS.grid_sampler_2d_backward(torch.ones(1, 2, 2, 2, dtype=torch.int32), x.int(), torch.zeros(1, 2, 2, 2).int(),
+                                     0, 0, False, [True, True])
+    with pytest.raises(aclnn_iree.AclnnError) as ei:  # aclnn's shape check, with PyTorch's names
+        OPS.grid_sampler_2d_backward(torch.ones(1, 2, 3, 3), x, torch.zeros(1, 2, 2, 2), 0, 0, False, [True, True])
+    assert ei.value.status == 161002 and "grad_output" in str(ei.value)
+
+
+def test_importing_aclnn_iree_needs_no_torch():
+    code = """
+        import sys
+        sys.modules["torch"] = None  # any import of torch now fails
+        import numpy as np, aclnn_iree, aclnn_iree.aclnn
+        dx, dg = aclnn_iree.grid_sampler_2d_backward(np.ones((1, 1, 2, 2), np.float32), np.ones((1, 1, 3, 3), np.float32),
+                                                    np.zeros((1, 2, 2, 2), np.float32))
+        assert dx.sum() == 4.0
+        try:
+            import aclnn_iree.torch
+        except ImportError:
+            print("OK")
+    """
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "OK", p.stderr
+
+
+# ----------------------------------------------------------------------------- enabled()
+def _unmodified_backward(x, grid, z):
+    xa, ga, za = x.clone().requires_grad_(True), grid.clone().requires_grad_(True), z.clone().requires_grad_(True)
+    (F.grid_sample(xa, ga, padding_mode="reflection", align_corners=False).square().sum()
+     + F.interpolate(za, scale_factor=2.0, mode="bilinear").square().sum()).backward()
+    return xa.grad, ga.grad, za.grad
+
+
+def _ours(x, grid, z):
+    """Our kernels on the same gradients (d(sum y^2)/dy = 2y) through the Pythonic layer."""
+    y = F.grid_sample(x, grid, padding_mode="reflection", align_corners=False)
+    dx, dg = aclnn_iree.grid_sampler_2d_backward((2 * y).numpy(), x.numpy(), grid.numpy(), 0, 2, False)
+    u = F.interpolate(z, scale_factor=2.0, mode="bilinear")
+    dz = aclnn_iree.upsample_bilinear2d_backward((2 * u).numpy(), u.shape[2:], z.shape, False, 2.0, 2.0)
+    return dx, dg, dz
+
+
+def _bits(t):
+    return t.numpy().tobytes()
+
+
+def test_enabled_makes_unmodified_models_use_our_kernels_and_restores_pytorch():
+    g = torch.Generator().manual_seed(7)
+    x, grid, z = torch.randn(2, 3, 7, 6, generator=g), torch.rand(2, 5, 4, 2, generator=g) * 3 - 1.5, \
+        torch.randn(2, 3, 5, 6, generator=g)
+    pytorch_bits = [_bits(t) for t in _unmodified_backward(x, grid, z)]
+    ours_bits = [np.ascontiguousarray(a).tobytes() for a in _ours(x, grid, z)]
+    assert pytorch_bits != ours_bits  # distinguishable (the two sum in different orders)
+    with AT.enabled():
+        assert AT.is_enabled()
+        assert [_bits(t) for t in _unmodified_backward(x, grid, z)] == ours_bits
+        with AT.enabled():  # nesting keeps it on
+            pass
+        assert AT.is_enabled()
+        assert [_bits(t) for t in _unmodified_backward(x, grid, z)] == ours_bits
+    assert not AT.is_enabled()
+    assert [_bits(t) for t in _unmodified_backward(x, grid, z)] == pytorch_bits
+    with pytest.raises(KeyError):
+        with AT.enabled():
+            raise KeyError("inside")
+    assert not AT.is_enabled() and [_bits(t) for t in _unmodified_backward(x, grid, z)] == pytorch_bits
+    AT.enable()
+    AT.enable()
+    try:
+        assert [_bits(t) for t in _unmodified_backward(x, grid, z)] == ours_bits
+    finally:
+        AT.disable()
+    assert [_bits(t) for t in _unmodified_backward(x, grid, z)] == pytorch_bits
+
+
+def test_enabled_keeps_pytorch_for_what_we_do_not_handle():
+    """Integer grids never reach a backward; an upsample scale that disagrees with the sizes
+    (PyTorch defines it, aclnn refuses it) goes to PyTorch's kernel."""
+    go = torch.randn(1, 1, 6, 6)
+    want = torch.ops.aten.upsample_bilinear2d_backward(go, [6, 6], [1, 1, 3, 3], False, 1.7, 1.7)
+    with AT.enabled():
+        got = torch.ops.aten.upsample_bilinear2d_backward(go, [6, 6], [1, 1, 3, 3], False, 1.7, 1.7)
+    assert _bits(got) == _bits(want)
+
+
+# ----------------------------------------------------------------------------- torch.compile
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.w = torch.nn.Parameter(torch.randn(1, 3, 1, 1, generator=g))
+        self.offset = torch.nn.Parameter(torch.zeros(1, 1, 1, 2))
+
+    def forward(self, x, grid):
+        y = AT.interpolate(x * self.w, scale_factor=2.0)
+        return AT.grid_sample(y, grid + self.offset, padding_mode="border").square().mean()
+
+
+def test_torch_compile_fullgraph_has_no_graph_breaks_and_our_backward_ops():
+    from torch._dynamo.backends.common import aot_autograd
+    from functorch.compile import make_boxed_func
+    torch._dynamo.reset()
+    x, grid = torch.randn(2, 3, 6, 6), torch.rand(2, 5, 5, 2) * 2 - 1
+    m = _Model()
+    assert torch._dynamo.explain(m)(x, grid).graph_break_count == 0
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    mc = torch.compile(m, backend=aot_autograd(fw_compiler=record, bw_compiler=record), fullgraph=True)
+    mc(x, grid).backward()
+    backward_targets = {str(n.target) for n in graphs[-1].graph.nodes}
+    assert {"aclnn_iree.grid_sampler_2d_backward.default",
+            "aclnn_iree.upsample_bilinear2d_backward.default"} <= backward_targets
+
+
+def test_torch_compile_inductor_gives_eager_gradients():
+    torch._dynamo.reset()
+    x, grid = torch.randn(2, 3, 6, 6), torch.rand(2, 5, 5, 2) * 2 - 1
+    eager, compiled = _Model(), _Model()
+    eager(x, grid).backward()
+    torch.compile(compiled, fullgraph=True)(x, grid).backward()
+    for a, b in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- DDP
+_DDP = """
+    import os, sys
+    import torch, torch.distributed as dist
+    import aclnn_iree.torch as AT
+    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 6, 6, dtype=torch.float64)
+    grid = torch.rand(4, 5, 5, 2, dtype=torch.float64) * 2.2 - 1.1
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.linspace(0.5, 1.5, 3, dtype=torch.float64).reshape(1, 3, 1, 1))
+            self.offset = torch.nn.Parameter(torch.full((1, 1, 1, 2), 0.05, dtype=torch.float64))
+        def forward(self, x, grid):
+            y = AT.interpolate(x * self.w, scale_factor=1.5, align_corners=True)
+            return AT.grid_sample(y, grid + self.offset, padding_mode="reflection").square().mean()
+
+    m = M()
+    if world == 1:
+        m(x, grid).backward()
+    else:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        ddp = torch.nn.parallel.DistributedDataParallel(m)
+        half = slice(2 * rank, 2 * rank + 2)
+        ddp(x[half], grid[half]).backward()
+        dist.destroy_process_group()
+    torch.save([p.grad for p in m.parameters()], out)
+"""
+
+
+def test_distributed_data_parallel_gloo_two_processes(tmp_path):
+    """DDP averages the two halves' gradients: equal (to float64 rounding) to one process
+    over the whole batch."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    code = textwrap.dedent(_DDP)
+    run = lambda rank, world, out: subprocess.Popen(  # noqa: E731
+        [sys.executable, "-c", code, str(rank), str(world), port, str(out)], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    procs = [run(r, 2, tmp_path / f"ddp{r}.pt") for r in range(2)] + [run(0, 1, tmp_path / "one.pt")]
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        assert p.returncode == 0, err[-3000:]
+    one = torch.load(tmp_path / "one.pt")
+    for r in range(2):
+        for a, b in zip(torch.load(tmp_path / f"ddp{r}.pt"), one):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-15)
+
+
+# ----------------------------------------------------------------------------- CUDA (scripts/gpu_check.sh)
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="this PyTorch sees no CUDA device")
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [F32, F64, F16, BF16], ids=lambda d: d.name)
+def test_cuda_tensors_run_on_iree_cuda_without_copies(dtype, monkeypatch):
+    """CUDA tensors go to IREE's cuda device through DLPack: gradients within the dtype's
+    bound of the reference and of PyTorch's CUDA autograd, written into the returned
+    tensors' own memory."""
+    require_device("cuda")
+    imported = []
+    real = _bridge._acl
+    monkeypatch.setattr(_bridge, "_acl", lambda dev, t, fmt="ND": imported.append(t.data_ptr()) or real(dev, t, fmt))
+    case = grid_case(0, 1, False, "random")
+    go, x, grid = case.inputs(dtype)
+    xt, gt = (_t(a, dtype).cuda().requires_grad_(True) for a in (x, grid))
+    AT.grid_sample(xt, gt, padding_mode="border").backward(_t(go, dtype).cuda())
+    assert xt.grad.data_ptr() in imported and gt.grad.data_ptr() in imported
+    xr, gr = (_t(a, dtype).cuda().requires_grad_(True) for a in (x, grid))
+    F.grid_sample(xr, gr, padding_mode="border", align_corners=False).backward(_t(go, dtype).cuda())
+    refs, sums = case.reference(dtype), case.abs_sums(dtype)
+    _check_bound(xt.grad.cpu(), refs["dx"], sums["dx"], dtype, xr.grad.cpu(), f"cuda {dtype.name} dx")
+    _check_bound(gt.grad.cpu(), refs["dgrid"], sums["dgrid"], dtype, gr.grad.cpu(), f"cuda {dtype.name} dgrid")
+    ucase = upsample_case("up", "random", False, "NHWC")
+    (ugo,) = ucase.inputs(dtype)
+    (Ho, Wo), (N, C, H, W) = ucase.sizes
+    u = torch.zeros((N, C, H, W), dtype=_torch_dtype(dtype), device="cuda").contiguous(
+        memory_format=torch.channels_last).requires_grad_(True)
+    AT.interpolate(u, size=(Ho, Wo)).backward(_t(ugo, dtype).cuda().contiguous(memory_format=torch.channels_last))
+    ur = torch.zeros_like(u).requires_grad_(True)
+    F.interpolate(ur, size=(Ho, Wo), mode="bilinear").backward(
+        _t(ugo, dtype).cuda().contiguous(memory_format=torch.channels_last))
+    _check_bound(u.grad.cpu(), ucase.reference(dtype)["dx"], ucase.abs_sums(dtype)["dx"], dtype, ur.grad.cpu(),
+                 f"cuda {dtype.name} upsample")
+
+
+@needs_cuda
+def test_cuda_falls_back_to_pytorch_with_one_warning_when_iree_has_no_cuda(monkeypatch):
+    from aclnn_iree.runtime.device import DeviceUnavailable
+
+    def no_cuda(name="local-task"):
+        raise DeviceUnavailable("IREE device 'cuda' is not available: test")
+
+    monkeypatch.setattr(_bridge, "get_device", no_cuda)
+    monkeypatch.setattr(_bridge, "_warned", set())
+    x = torch.randn(1, 2, 5, 5, device="cuda", requires_grad=True)
+    grid = torch.rand(1, 3, 3, 2, device="cuda") * 2 - 1
+    with pytest.warns(RuntimeWarning, match="PyTorch's own kernels"):
+        AT.grid_sample(x, grid).sum().backward()
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        AT.grid_sample(x, grid).sum().backward()  # no second warning
+    xr = x.detach().clone().requires_grad_(True)
+    F.grid_sample(xr, grid, align_corners=False).sum().backward()
+    torch.testing.assert_close(x.grad / 2, xr.grad)
