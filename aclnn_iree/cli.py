@@ -122,8 +122,12 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_demo(args) -> int:
-    from .demo import run_demo
-    run_demo(args.out or "demo_output", quick=args.quick)
+    if args.photo:
+        from .demo import run_demo
+        run_demo(args.out or "demo_output", quick=args.quick, device=args.device)
+        return 0
+    from .stereo_demo import run_stereo_demo
+    run_stereo_demo(args.out or "demo_output", quick=args.quick, backward=args.backward, device=args.device)
     return 0
 
 
@@ -186,9 +190,19 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--verbose", "-v", action="store_true", help="list every kernel name")
     ls.set_defaults(func=_cmd_list)
 
-    d = sub.add_parser("demo", help="image registration and a learned low-resolution image on a real photo")
-    d.add_argument("--out", metavar="DIR", help="output directory for the PNG files (default: demo_output/)")
-    d.add_argument("--quick", action="store_true", help="smaller image, fewer iterations")
+    d = sub.add_parser("demo", help="dense stereo on the Middlebury Motorcycle pair through autograd, scored "
+                                    "against its ground truth",
+                       description="Estimates the disparity of a real stereo pair by gradient descent in PyTorch, "
+                                   "with both backward operators from our kernels, and scores it against the "
+                                   "ground truth (see README 'Quick start').")
+    d.add_argument("--out", metavar="DIR", help="output directory (default: demo_output/)")
+    d.add_argument("--quick", action="store_true", help="quarter resolution, fewer steps (a few seconds)")
+    d.add_argument("--backward", choices=["ours", "torch", "both"], default="ours",
+                   help="whose backward kernels: ours (default), PyTorch's, or both jobs side by side")
+    d.add_argument("--device", default="local-task", help="IREE device of our kernels (default local-task)")
+    d.add_argument("--photo", action="store_true",
+                   help="instead: the NumPy-only demo (image registration and a learned low-resolution image "
+                        "on a photo), which needs no PyTorch")
     d.set_defaults(func=_cmd_demo)
 
     bn = sub.add_parser("bench", help="time our kernels beside PyTorch in one run and print the ratios")

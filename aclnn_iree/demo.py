@@ -326,13 +326,21 @@ def lowres_crop_check(photo, crop: int = 32, factor: int = 4, iters: int = 300, 
 
 
 # ----------------------------------------------------------------------------- c. output files
-def _save_gray(path, img, lo=0.0, hi=1.0, scale: int = 1):
-    from PIL import Image
+def _save_gray(path, img, lo=0.0, hi=1.0, scale: int = 1, title: str = ""):
+    """A grayscale PNG of `img` (black = lo, white = hi) under a title band that names it and its scale."""
+    from PIL import Image, ImageDraw
     a = np.clip((np.asarray(img, dtype=np.float64) - lo) / (hi - lo), 0, 1)
     im = Image.fromarray((a * 255 + 0.5).astype(np.uint8), mode="L")
     if scale > 1:
         im = im.resize((im.width * scale, im.height * scale), Image.NEAREST)
-    im.save(path)
+    lines = [title or os.path.splitext(os.path.basename(path))[0], f"black {lo:g}, white {hi:g}"]
+    band = 12 * len(lines) + 6
+    out = Image.new("L", (max(im.width, 8 * max(len(t) for t in lines) // 1 + 8), im.height + band), 255)
+    out.paste(im, (0, band))
+    draw = ImageDraw.Draw(out)
+    for k, t in enumerate(lines):
+        draw.text((4, 3 + 12 * k), t, fill=0)
+    out.save(path)
     return path
 
 
@@ -377,7 +385,7 @@ def run_demo(out_dir="demo_output", quick: bool = False, device: str = "local-ta
     size = 128 if quick else 256
     photo = load_photo(size)
     _log(log, f"photo: {PHOTO_CREDIT}; grayscale float32, {size}x{size}")
-    files = [_save_gray(os.path.join(out_dir, "photo.png"), photo)]
+    files = [_save_gray(os.path.join(out_dir, "photo.png"), photo, title="the photo (skimage astronaut, gray)")]
 
     # a. registration
     theta_true = affine_theta(10.0, 1.05, (0.05, -0.04))
@@ -398,10 +406,14 @@ def run_demo(out_dir="demo_output", quick: bool = False, device: str = "local-ta
     _log(log, f"  max |theta - theta_true| = {err:.2e} (bound {REGISTRATION_BOUND:g}); final loss "
               f"{reg['final_loss']:.3e}; {reg['evaluations']} gradient evaluations in {reg['seconds']:.1f} s")
     registered = _warp(photo.astype(np.float64), theta)
-    files += [_save_gray(os.path.join(out_dir, "registration_target.png"), target),
-              _save_gray(os.path.join(out_dir, "registration_recovered.png"), registered),
-              _save_gray(os.path.join(out_dir, "registration_diff_before.png"), np.abs(photo - target), 0, 0.5),
-              _save_gray(os.path.join(out_dir, "registration_diff_after.png"), np.abs(registered - target), 0, 0.5)]
+    files += [_save_gray(os.path.join(out_dir, "registration_target.png"), target,
+                         title="a. target: the photo under a known affine warp"),
+              _save_gray(os.path.join(out_dir, "registration_recovered.png"), registered,
+                         title=f"a. the photo under the recovered warp (|theta error| {err:.1e})"),
+              _save_gray(os.path.join(out_dir, "registration_diff_before.png"), np.abs(photo - target), 0, 0.5,
+                         title="a. |photo - target| before"),
+              _save_gray(os.path.join(out_dir, "registration_diff_after.png"), np.abs(registered - target), 0, 0.5,
+                         title="a. |recovered - target| after")]
 
     # b. learned low-resolution image
     factor = 4
@@ -417,10 +429,14 @@ def run_demo(out_dir="demo_output", quick: bool = False, device: str = "local-ta
               f"{low['naive_loss'] / low['loss'][-1]:.2f}x the learned image's)")
     crop = lowres_crop_check(photo, crop=32, factor=factor, iters=300, device=device, log=log)
     up = _upsample(low["x"], photo.shape)
-    files += [_save_gray(os.path.join(out_dir, "lowres_learned.png"), low["x"], scale=factor),
-              _save_gray(os.path.join(out_dir, "lowres_learned_upsampled.png"), up),
-              _save_gray(os.path.join(out_dir, "lowres_naive_upsampled.png"), _upsample(low["naive"], photo.shape)),
-              _save_gray(os.path.join(out_dir, "lowres_error.png"), np.abs(up - photo), 0, 0.25)]
+    files += [_save_gray(os.path.join(out_dir, "lowres_learned.png"), low["x"], scale=factor,
+                         title=f"b. learned {size // factor}x{size // factor} image (shown {factor}x)"),
+              _save_gray(os.path.join(out_dir, "lowres_learned_upsampled.png"), up,
+                         title="b. its bilinear upsampling"),
+              _save_gray(os.path.join(out_dir, "lowres_naive_upsampled.png"), _upsample(low["naive"], photo.shape),
+                         title="b. block means, upsampled (the naive image)"),
+              _save_gray(os.path.join(out_dir, "lowres_error.png"), np.abs(up - photo), 0, 0.25,
+                         title="b. |upsampled learned image - photo|")]
 
     # c. curves
     curves = _save_curves(os.path.join(out_dir, "loss_curves.png"), reg, low, crop)

@@ -95,8 +95,8 @@ def test_lowres_crop_matches_lstsq(photo64):
 
 
 @needs_upsample
-def test_cli_demo_quick_writes_pngs(tmp_path, capsys):
-    assert cli.main(["demo", "--quick", "--out", str(tmp_path)]) == 0
+def test_cli_photo_demo_quick_writes_titled_pngs(tmp_path, capsys):
+    assert cli.main(["demo", "--photo", "--quick", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "NASA" in out and "public domain" in out
     assert "max |theta - theta_true|" in out and "loss fell monotonically: True" in out
@@ -109,4 +109,8 @@ def test_cli_demo_quick_writes_pngs(tmp_path, capsys):
     except ImportError:
         assert "loss-curve plot is skipped" in out
     from PIL import Image
-    assert Image.open(tmp_path / "photo.png").size == (128, 128)
+    with Image.open(tmp_path / "photo.png") as im:  # the 128 x 128 photo under its title band
+        w, h = im.size
+        assert w >= 128 and h > 128
+        band = np.asarray(im)[: h - 128]
+        assert (band < 128).any() and (band == 255).mean() > 0.5  # dark text on white

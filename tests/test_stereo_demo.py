@@ -1,0 +1,115 @@
+"""The main job (aclnn-iree demo): dense stereo on the Middlebury Motorcycle pair.
+
+Hand-computed cases for the metrics, the occlusion mask and the left-right fill; the
+--quick job against looser bounds than the full job's targets (README "Quick start");
+our backward and PyTorch's give the same estimate; the files exist and parse.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from aclnn_iree import stereo as S
+
+INF = np.inf
+
+
+def test_metrics_hand_computed():
+    truth = np.array([[1.0, 2.0, INF], [10.0, 0.0, 5.0]])
+    est = np.array([[1.5, 2.0, 99.0], [4.0, 4.5, 5.0]])
+    m = S.disparity_metrics(est, truth)
+    # errors over the 5 finite pixels: 0.5, 0, 6, 4.5, 0 -> mean 2.2; off by more than 4: 6 and 4.5
+    assert m == {"epe": pytest.approx(2.2), "bad4_percent": pytest.approx(40.0), "pixels": 5}
+    mask = np.array([[True, True, True], [False, True, True]])
+    assert S.disparity_metrics(est, truth, mask) == {"epe": pytest.approx(5.0 / 4), "bad4_percent": 25.0, "pixels": 4}
+    assert S.disparity_metrics(truth, truth)["epe"] == 0.0
+    with pytest.raises(ValueError, match="no pixel"):
+        S.disparity_metrics(est, np.full_like(truth, INF))
+    with pytest.raises(ValueError, match="shape"):
+        S.disparity_metrics(est[:, :2], truth)
+
+
+def test_exactly_four_pixels_off_is_not_bad():
+    """Middlebury's bad 4.0 counts errors above 4, not equal to it."""
+    m = S.disparity_metrics(np.array([[4.0, 4.0 + 1e-9]]), np.zeros((1, 2)))
+    assert m["bad4_percent"] == 50.0
+
+
+def test_nonoccluded_mask_hand_computed():
+    # one row: a surface of disparity 1 with a closer object (disparity 3) at x = 4, 5;
+    # x = 3 (d=1) lands on 2, as does x = 5 (d=3): x = 3 is hidden; x = 4 (d=3) lands on 1,
+    # where x = 2 (d=1) also lands: x = 2 is hidden.  x = 0 lands outside the right image.
+    truth = np.array([[1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 1.0, INF]])
+    want = np.array([[False, True, False, False, True, True, True, False]])
+    np.testing.assert_array_equal(S.nonoccluded_mask(truth), want)
+
+
+def test_lr_consistency_fill_takes_the_background():
+    left = np.array([[2.0, 2.0, 5.0, 5.0, 5.0, 2.0, 2.0, 2.0]])
+    right = left.copy()  # agrees wherever x - d lands on the same value
+    right[0, 0] = 2.0
+    filled, rejected = S.lr_consistency_fill(left, right, threshold=1.0)
+    # x=0..4 land left of the image (x - d < 0); x=5 and x=6 land on 3 and 4 (right's 5 vs
+    # their 2: rejected); x=7 lands on 5 (2 vs 2: kept)
+    assert rejected.tolist() == [[True] * 7 + [False]]
+    # each rejected pixel takes the smaller of the nearest kept disparities: only x=7's (2.0)
+    np.testing.assert_array_equal(filled, [[2.0] * 8])
+
+
+def test_baselines_are_the_zero_and_the_median():
+    truth = np.array([[1.0, 2.0, 9.0, INF]])
+    b = S.baselines(truth)
+    assert b["zero"]["epe"] == pytest.approx(4.0)
+    assert b["best_constant"]["disparity"] == 2.0 and b["best_constant"]["epe"] == pytest.approx(8.0 / 3)
+
+
+@pytest.fixture(scope="module")
+def quick_job(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("skimage")
+    pytest.importorskip("matplotlib")
+    from aclnn_iree.stereo_demo import run_stereo_demo
+    out = tmp_path_factory.mktemp("demo")
+    lines = []
+    results = run_stereo_demo(str(out), quick=True, backward="both", progress=False, log=lines.append)
+    return out, results, "\n".join(lines)
+
+
+# The full job's targets (500 x 741, all pixels with ground truth) are EPE <= 2.4 px and
+# <= 13 % off by more than 4 px (README); the quick job at a quarter of the resolution
+# must stay within these looser bounds.
+QUICK_EPE, QUICK_BAD4 = 3.0, 16.0
+
+
+def test_quick_job_meets_its_bounds_and_beats_the_baselines(quick_job):
+    _, results, _ = quick_job
+    for name, run in results["runs"].items():
+        m = run["metrics"]["all"]
+        assert m["epe"] <= QUICK_EPE and m["bad4_percent"] <= QUICK_BAD4, (name, m)
+        assert m["epe"] < results["baselines"]["best_constant"]["all"]["epe"] / 4
+        assert run["metrics"]["nonoccluded"]["epe"] < m["epe"]
+        assert run["init_disparity_px"][0] != 0  # the data-driven start moved off zero
+
+
+def test_our_backward_and_pytorchs_give_the_same_estimate(quick_job):
+    """Same forward, same data, same steps: only the rounding of the backward sums differs."""
+    _, results, _ = quick_job
+    assert results["agreement"]["epe_difference"] < 0.05
+    o, t = (results["runs"][k]["losses"] for k in ("ours", "torch"))
+    np.testing.assert_allclose(o, t, rtol=2e-3)
+
+
+def test_quick_job_writes_its_files_and_summary(quick_job):
+    out, results, console = quick_job
+    d = np.load(out / "disparity_full.npy")
+    assert d.shape == (500, 741) and d.dtype == np.float32 and np.isfinite(d).all()
+    _, _, truth = S.load_pair()
+    assert S.disparity_metrics(d, truth)["epe"] == pytest.approx(results["runs"]["ours"]["metrics"]["all"]["epe"])
+    saved = json.loads((out / "results.json").read_text())
+    assert set(saved["runs"]) == {"ours", "torch"} and "speedup" in saved and saved["baselines"]["zero"]["all"]
+    from PIL import Image
+    with Image.open(out / "stereo.png") as im:
+        assert im.size[0] > 1000 and im.size[1] > 500
+    assert "baseline: best constant" in console and "our backward vs PyTorch's" in console
