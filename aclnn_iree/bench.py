@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import tempfile
 import time
 
@@ -73,22 +74,49 @@ def _median_time(fn, repeats: int, warmup: int = 2) -> float:
     return float(np.median(ts))
 
 
+# A block median more than this far above another block's median of the same function
+# means the machine's speed changed during the measurement (other work sharing the cores).
+BUSY_SPREAD = 0.20
+spreads: dict = {}  # function label -> the largest relative spread of its block medians, per run
+
+
 def _alternating_medians(fns: dict, repeats: int, blocks: int = 3, warmup: int = 2) -> dict:
     """Median seconds of each function over `repeats` runs, taken in `blocks` alternating blocks
     (A A A, B B B, A A A, ...), so that drifts of a shared machine's speed reach every candidate.
     Blocks rather than single alternating runs: PyTorch's OpenMP workers keep spinning for a
-    while after a call, which would slow down whatever runs right after it."""
+    while after a call, which would slow down whatever runs right after it.  The spread of
+    the block medians (max / min - 1) of each function is kept in `spreads`."""
     ts = {k: [] for k in fns}
     per_block = max(1, -(-repeats // blocks))
+    block_medians = {k: [] for k in fns}
     for _ in range(blocks):
         for k, fn in fns.items():
             for _ in range(warmup):
                 fn()
+            block = []
             for _ in range(per_block):
                 t = time.perf_counter()
                 fn()
-                ts[k].append(time.perf_counter() - t)
+                block.append(time.perf_counter() - t)
+            ts[k] += block
+            block_medians[k].append(float(np.median(block)))
+    for k, m in block_medians.items():
+        spreads[k] = max(m) / min(m) - 1 if min(m) > 0 else 0.0
     return {k: float(np.median(v)) for k, v in ts.items()}
+
+
+def busy_warnings(threads: int) -> list:
+    """Lines warning that the machine looks busy: a load average above the thread count before
+    the run, or block medians of one measurement more than BUSY_SPREAD apart."""
+    lines = []
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = 0.0
+    if load > threads:
+        lines.append(f"warning: the load average is {load:.1f}, above the {threads} threads measured: other work "
+                     "shares the cores, and the times below will move; judge on a quiet machine")
+    return lines
 
 
 def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 10) -> float:
@@ -188,7 +216,9 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None) -> dict:
     fns = {"phase2": run, "e2e": _pythonic(case, arrays, device)}
     if torch is not None:
         fns["torch"] = _torch_fn(case, arrays, torch)
+    spreads.clear()
     t = _alternating_medians(fns, repeats)
+    noisy = {k: v for k, v in spreads.items() if v > BUSY_SPREAD}
     largest = max(a.nbytes for a in arrays)
     row = {"case": case.name, "op": case.op, "layout": case.layout, "workspace_bytes": ws,
            "workspace_over_largest_input": ws / largest,
@@ -196,6 +226,7 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None) -> dict:
            "gbps": compulsory_bytes(case) / t["phase2"] / 1e9}
     if torch is not None:
         row.update(torch_ms=1e3 * t["torch"], ratio_phase2=t["torch"] / t["phase2"], ratio_e2e=t["torch"] / t["e2e"])
+    row["unsteady"] = noisy  # measurements whose block medians moved more than BUSY_SPREAD
     return row, first
 
 
@@ -249,8 +280,11 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
         import torch
         torch.set_num_threads(threads)
     except ImportError:
+        from .install import install_command
         torch = None
-        out("torch is not installed: PyTorch columns are empty (pip install -e '.[test]')")
+        out(f"torch is not installed: PyTorch columns are empty ({install_command('torch')} adds it)")
+    for line in busy_warnings(threads):
+        out(line)
     is_cpu = device.startswith("local")
     dev = Device(device, threads=threads) if is_cpu else device
     cases = [c for c in CASES if (not quick or c.name in QUICK) and (not ops or c.op in ops)]
@@ -269,6 +303,8 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
             f"{row.get('ratio_phase2', float('nan')):6.2f} {row.get('ratio_e2e', float('nan')):6.2f} "
             f"{row['gbps']:6.2f} {100 * row['share_of_copy']:5.1f}% {row['workspace_bytes']:9d} "
             f"{row['workspace_over_largest_input']:6.2f}")
+        for what, spread in row["unsteady"].items():
+            out(f"  warning: {what} times moved {100 * spread:.0f} % between blocks (the machine looks busy)")
     result = {"device": device, "threads": threads, "copy_gbps": bw, "cases": rows}
     if torch is not None and rows:
         result["geomean_ratio_e2e"] = math.exp(np.mean([math.log(r["ratio_e2e"]) for r in rows]))

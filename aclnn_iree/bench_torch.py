@@ -87,8 +87,12 @@ def custom_op_overhead_us(torch, repeats: int = 200, blocks: int = 10) -> dict:
 
 def run_torch_bench(quick=False, threads=2, repeats=10, out=print) -> dict:
     """Times the training steps; prints the table; returns the rows."""
-    import torch
-    import torch.nn.functional as F
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        from .install import install_command
+        raise ImportError(f"bench --op torch needs PyTorch: {install_command('torch')}") from None
     import aclnn_iree.torch as AT
     torch.set_num_threads(threads)
     cases = [c for c in CASES if not quick or c.name in QUICK]

@@ -1,16 +1,24 @@
-"""`aclnn-iree` (also `python -m aclnn_iree`): build the kernels ahead of time, list them, run the demo.
+"""`aclnn-iree` (also `python -m aclnn_iree`): build the kernels ahead of time, list them, run the
+main job, benchmark.
 
     aclnn-iree build [--target llvm-cpu ...] [--op OP ...] [--dtype float32 ...] [--kernel GLOB ...]
                      [--jobs N] [--out DIR] [--target-cpu CPU] [--gpu-arch ARCH]
     aclnn-iree list  [--dir DIR] [--target ...] [--op ...] [--dtype ...] [--target-cpu CPU] [-v]
-    aclnn-iree demo  [--out DIR] [--quick]
+    aclnn-iree demo  [--out DIR] [--quick] [--backward ours|torch|both] [--device DEV] [--photo]
+    aclnn-iree bench [--quick] [--json FILE] [--threads N] [--device DEV] [--op OP|torch] ...
+    aclnn-iree --version
 
 `build` renders and compiles every specialisation of the chosen ops and dtypes
 for the chosen targets into an artifact store (default: the project's
-`artifacts/`, the second place the runtime looks for modules), one vmfb per
-specialisation and target, `--jobs` compiles at a time.  Valid artifacts are
-reused; a failed compile is reported (specialisation, command, compiler
-message) and the others go on; the exit status is 1 when anything failed.
+`artifacts/` in a source checkout, the per-user data directory otherwise: the
+second place the runtime looks for modules), one vmfb per specialisation and
+target, `--jobs` compiles at a time.  Valid artifacts are reused; a failed
+compile is reported (specialisation, command, compiler message) and the others
+go on; the exit status is 1 when anything failed.
+
+A user's mistake or an unavailable resource (a device, a file, an extra) is one
+line on stderr, "error: ...", and exit status 1 (2 for a bad command line); a
+traceback means a bug in aclnn-iree.
 """
 from __future__ import annotations
 
@@ -44,9 +52,50 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {message}", file=sys.stderr)
 
 
+class CliError(Exception):
+    """A user's mistake or a missing resource: printed as one line, exit status 1."""
+
+
 def _default_dir() -> str:
     from .runtime.store import PROJECT_ARTIFACTS
     return str(PROJECT_ARTIFACTS)
+
+
+def _writable_dir(path: str, what: str) -> str:
+    """`path` as an absolute directory that exists and takes a new file, else CliError."""
+    path = os.path.abspath(path)
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".aclnn-iree-write-test-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.unlink(probe)
+    except OSError as e:
+        raise CliError(f"cannot write the {what} into {path}: {e.strerror or e}; choose another directory "
+                       f"with --out") from None
+    return path
+
+
+def _writable_file(path: str, what: str) -> str:
+    """`path` as an absolute file that can be written (checked now, before the work), else CliError."""
+    path = os.path.abspath(path)
+    existed = os.path.exists(path)
+    try:
+        with open(path, "a"):
+            pass
+        if not existed:
+            os.unlink(path)
+    except OSError as e:
+        raise CliError(f"cannot write the {what} to {path}: {e.strerror or e}") from None
+    return path
+
+
+def _check_device(name: str):
+    from .runtime.device import DeviceUnavailable, get_device
+    try:
+        get_device(name)
+    except DeviceUnavailable as e:
+        raise CliError(f"{e}; choose another with --device (local-task, local-sync, vulkan, cuda)") from None
 
 
 def _cmd_build(args) -> int:
@@ -58,7 +107,7 @@ def _cmd_build(args) -> int:
     targets = _targets(args.target or ["llvm-cpu"], args.target_cpu, args.gpu_arch)
     if args.target_cpu and not any(t.name == "llvm-cpu" for t in targets):
         print("warning: --target-cpu only applies to the llvm-cpu target", file=sys.stderr)
-    out = os.path.abspath(args.out or _default_dir())
+    out = _writable_dir(args.out or _default_dir(), "artifacts")
     store = ArtifactStore(out)
     total = len(specs) * len(targets)
     tnames = ", ".join(t.name + (f" ({t.arch})" if t.name == "llvm-cpu" else "") for t in targets)
@@ -91,8 +140,17 @@ def _cmd_list(args) -> int:
     specs = _specs(args.op, args.dtype, args.kernel)
     targets = _targets(args.target or list(TARGETS), args.target_cpu, args.gpu_arch)
     store = ArtifactStore(d)
-    manifest = store.manifest()["artifacts"]
-    print(f"artifacts in {d}" + ("" if os.path.isdir(d) else " (directory does not exist)"))
+    if not os.path.isfile(os.path.join(d, "manifest.json")):
+        from .runtime.store import cache_dir
+        print(f"nothing is built yet in {d}: run `aclnn-iree build` to compile every kernel for this CPU "
+              f"(about 35 s on 2 cores; --target vulkan-spirv / cuda for GPUs).  Until then kernels compile on "
+              f"first use into the cache {cache_dir()}.")
+        return 0
+    try:
+        manifest = store.manifest()["artifacts"]
+    except OSError as e:
+        raise CliError(f"cannot read {os.path.join(d, 'manifest.json')}: {e.strerror or e}") from None
+    print(f"artifacts in {d}")
     total_ok = 0
     for t in targets:
         groups = {"ok": [], "missing": [], "stale": [], "corrupt": [], "unreadable": []}
@@ -122,17 +180,24 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_demo(args) -> int:
+    out = _writable_dir(args.out or "demo_output", "demo's output")
+    _check_device(args.device)
     if args.photo:
         from .demo import run_demo
-        run_demo(args.out or "demo_output", quick=args.quick, device=args.device)
+        run_demo(out, quick=args.quick, device=args.device)
         return 0
     from .stereo_demo import run_stereo_demo
-    run_stereo_demo(args.out or "demo_output", quick=args.quick, backward=args.backward, device=args.device)
+    run_stereo_demo(out, quick=args.quick, backward=args.backward, device=args.device)
     return 0
 
 
 def _cmd_bench(args) -> int:
     from .bench import run_bench
+    if args.json:
+        args.json = _writable_file(args.json, "benchmark results")
+    if args.threads < 1 or args.repeats < 1:
+        raise CliError("--threads and --repeats must be at least 1")
+    _check_device(args.device)
     if "torch" in (args.op or []):
         from .bench_torch import run_torch_bench
         result = run_torch_bench(quick=args.quick, threads=args.threads, repeats=args.repeats)
@@ -155,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="aclnn-iree",
         description="aclnnGridSampler2DBackward / aclnnUpsampleBilinear2dBackwardV2 kernels compiled by IREE.")
+    p.add_argument("--version", action=_Version, nargs=0,
+                   help="print the versions of aclnn-iree, IREE's compiler and runtime, and PyTorch")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -180,13 +247,16 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Render and compile every specialisation for the chosen targets.")
     selection(b, "llvm-cpu")
     b.add_argument("--jobs", "-j", type=int, default=None, help="parallel compiles (default: CPU count)")
-    b.add_argument("--out", metavar="DIR", help="artifact directory (default: the project's artifacts/)")
+    b.add_argument("--out", metavar="DIR", help="artifact directory (default: the project's artifacts/ in a source "
+                                                "checkout, else the per-user data directory)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.set_defaults(func=_cmd_build)
 
-    ls = sub.add_parser("list", help="show what is built, for which targets, and what is missing")
+    ls = sub.add_parser("list", help="show what is built, for which targets, and what is missing",
+                        description="Show which specialisations are built in an artifact store, for which "
+                                    "targets, and which are missing, stale, corrupt or unreadable.")
     selection(ls, "all")
-    ls.add_argument("--dir", metavar="DIR", help="artifact directory (default: the project's artifacts/)")
+    ls.add_argument("--dir", metavar="DIR", help="artifact directory (default: where `build` writes)")
     ls.add_argument("--verbose", "-v", action="store_true", help="list every kernel name")
     ls.set_defaults(func=_cmd_list)
 
@@ -205,7 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "on a photo), which needs no PyTorch")
     d.set_defaults(func=_cmd_demo)
 
-    bn = sub.add_parser("bench", help="time our kernels beside PyTorch in one run and print the ratios")
+    bn = sub.add_parser("bench", help="time our kernels beside PyTorch in one run and print the ratios",
+                        description="Time every suite case through our kernels and beside PyTorch on the same "
+                                    "data and thread count, in one run, and print the ratios (README "
+                                    "'Performance').")
     bn.add_argument("--quick", action="store_true", help="a subset of the cases; float32 compile times only")
     bn.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     bn.add_argument("--threads", type=int, default=2, help="threads for us and for PyTorch (default 2)")
@@ -219,16 +292,61 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def versions() -> str:
+    """aclnn-iree's version and those of IREE's compiler and runtime (and PyTorch, when installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def v(dist):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            return "not installed"
+    from . import __version__
+    return (f"aclnn-iree {__version__} (iree-base-compiler {v('iree-base-compiler')}, iree-base-runtime "
+            f"{v('iree-base-runtime')}, torch {v('torch')})")
+
+
+class _Version(argparse.Action):
+    """--version: the versions, printed as they are (argparse's own action rewraps the line)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(versions())
+        parser.exit()
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
 def main(argv=None) -> int:
-    """Entry point of the `aclnn-iree` command; returns the exit status."""
+    """Entry point of the `aclnn-iree` command; returns the exit status.
+
+    A user's mistake or an unavailable resource prints one line, "error: ...", and
+    returns 1; a closed output pipe (`aclnn-iree list -v | head`) ends quietly.
+    """
     args = build_parser().parse_args(argv)
     if getattr(args, "jobs", None) is not None and args.jobs < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)
         return 2
+    from .errors import AclnnError
+    from .runtime.device import DeviceUnavailable
     old = warnings.showwarning
     warnings.showwarning = _show_warning
     try:
         return args.func(args)
+    except BrokenPipeError:
+        # the reader went away: stop writing (Python would complain again at exit)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except ImportError as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except (CliError, AclnnError, DeviceUnavailable, OSError) as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     finally:
         warnings.showwarning = old
 

@@ -70,8 +70,9 @@ def load_photo(size: int = 256) -> np.ndarray:
         import skimage.color
         import skimage.data
         import skimage.transform
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("the demo needs scikit-image for its photo: pip install 'aclnn-iree[demo]'") from e
+    except ImportError:  # pragma: no cover - depends on the environment
+        from .install import install_command
+        raise ImportError(f"the demo needs scikit-image for its photo: {install_command('demo')}") from None
     gray = skimage.color.rgb2gray(skimage.data.astronaut())
     if gray.shape != (size, size):
         gray = skimage.transform.resize(gray, (size, size), anti_aliasing=True)

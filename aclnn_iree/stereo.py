@@ -78,8 +78,9 @@ def load_pair():
     left view's ground-truth disparity (500, 741) float32 in pixels, inf where unknown."""
     try:
         import skimage.data
-    except ImportError as e:
-        raise ImportError("the demo needs scikit-image for its data: pip install 'aclnn-iree[demo]'") from e
+    except ImportError:
+        from .install import install_command
+        raise ImportError(f"the demo needs scikit-image for its data: {install_command('demo')}") from None
     left, right, disparity = skimage.data.stereo_motorcycle()
     return left, right, disparity.astype(np.float32)
 

@@ -107,8 +107,10 @@ def run_stereo_demo(out_dir="demo_output", quick: bool = False, backward: str = 
     """
     try:
         import torch
-    except ImportError as e:
-        raise ImportError("the demo needs PyTorch: pip install 'aclnn-iree[demo]' (see README 'Install')") from e
+    except ImportError:
+        from .install import install_command
+        raise ImportError(f"the demo needs PyTorch and scikit-image: {install_command('demo')} (README "
+                          "'Install'; `aclnn-iree demo --photo` needs neither)") from None
     import aclnn_iree.torch as AT
     os.makedirs(out_dir, exist_ok=True)
     if not os.access(out_dir, os.W_OK):

@@ -70,7 +70,8 @@ class Device:
         try:
             self.config = rt.Config(self.driver)
         except Exception as e:  # IREE raises ValueError/RuntimeError depending on the driver
-            raise DeviceUnavailable(f"IREE device {name!r} is not available: {e}") from e
+            cause = f" ({e.__cause__})" if e.__cause__ is not None else ""
+            raise DeviceUnavailable(f"IREE device {name!r} is not available: {e}{cause}") from e
         self.hal = self.config.device
         self.instance = self.config.vm_instance
         self.hal_module = rt.create_hal_module(self.instance, self.hal)

@@ -3,7 +3,9 @@
 Order (README "Where modules come from"):
 1. an artifacts directory given by the caller (`set_artifacts_dir`) or by the
    environment variable ACLNN_IREE_ARTIFACTS (read when used, not at import);
-2. the project's own `artifacts/` (a source checkout, as `aclnn-iree build` writes it);
+2. the default artifacts directory, where `aclnn-iree build` writes: the project's
+   `artifacts/` in a source checkout, the per-user data directory (platformdirs)
+   for an installed package (never inside site-packages);
 3. compile on first use into the per-user cache directory (platformdirs),
    unless offline (`set_offline(True)` or ACLNN_IREE_OFFLINE=1), which raises
    ArtifactMissing naming the artifact instead.
@@ -17,9 +19,25 @@ from ..compiler.build import ArtifactStore
 from ..compiler.targets import target_for_driver
 
 __all__ = ["ArtifactMissing", "load_module_bytes", "set_artifacts_dir", "set_offline", "search_dirs",
-           "cache_dir", "PROJECT_ARTIFACTS"]
+           "cache_dir", "PROJECT_ARTIFACTS", "default_artifacts_dir"]
 
-PROJECT_ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+
+
+def default_artifacts_dir() -> Path:
+    """`artifacts/` of the source checkout the package runs from (a pyproject.toml naming
+    aclnn-iree beside runtime/), else `<platformdirs user data dir>/artifacts` of an
+    installed package, which `pip uninstall` leaves alone and which is never in site-packages."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        if 'name = "aclnn-iree"' in (root / "pyproject.toml").read_text():
+            return root / "artifacts"
+    except OSError:
+        pass
+    import platformdirs
+    return Path(platformdirs.user_data_dir("aclnn-iree")) / "artifacts"
+
+
+PROJECT_ARTIFACTS = default_artifacts_dir()
 
 _explicit_dir = None
 _offline = None
