@@ -8,9 +8,10 @@ Layout of a store directory (one vmfb per specialisation and target, see README
     <dir>/<target>/<kernel_name>.cmd     the exact iree-compile command
     <dir>/manifest.json                  one entry per artifact
 
-An artifact is valid only when its cache key (template text, template
-parameters, compile flags, IREE compiler version) and the sha256 of its vmfb
-match the manifest; anything else is reported and rebuilt, never loaded.
+An artifact is valid only when its cache key (the sha256 of the rendered MLIR,
+the compile flags, the IREE compiler version, and this CPU for "host" builds) and
+the sha256 of its vmfb match the manifest; anything else is reported and rebuilt,
+never loaded.
 """
 from __future__ import annotations
 
@@ -92,16 +93,19 @@ def host_cpu() -> dict:
     return _host_cpu_cache
 
 
-def artifact_key(spec, target) -> str:
-    """Cache key of `spec` compiled for `target`: template text, parameters, flags, compiler version.
+def artifact_key(spec, target, source: str | None = None) -> str:
+    """Cache key of `spec` compiled for `target`: the sha256 of its rendered MLIR (`source`, rendered
+    when not given: what the compiler sees, whatever templates and partials it came from), the
+    compile flags and the compiler version.
 
     For the "host" CPU the key also holds the host's CPU fingerprint (host_cpu()):
     a store copied to another machine is then rebuilt instead of loading code for
     instructions that CPU may lack.
     """
+    if source is None:
+        source = render(spec, target)
     fields = {
-        "template": template_source(spec),
-        "params": spec.template_params(target),
+        "source_sha256": _sha256(source.encode()),
         "flags": list(target.flags),
         "compiler": compiler_version(),
     }
@@ -402,7 +406,7 @@ class ArtifactStore:
         if not isinstance(entry, dict):
             return None, "corrupt", f"its manifest entry is malformed ({type(entry).__name__}, not an object)"
         if entry.get("key") != artifact_key(spec, target):
-            return None, "stale", "stale (template, parameters, flags, compiler version or host CPU changed)"
+            return None, "stale", "stale (rendered source, flags, compiler version or host CPU changed)"
         try:
             with open(path, "rb") as f:
                 data = f.read()
@@ -468,7 +472,7 @@ class ArtifactStore:
             "command_cwd": cwd,
             "compiler_version": compiler_version(),
             "compiler_build": compiler_build(),
-            "key": artifact_key(spec, target),
+            "key": artifact_key(spec, target, source),
             "source_sha256": _sha256(source.encode()),
             "vmfb_sha256": _sha256(vmfb),
             "vmfb_bytes": len(vmfb),
