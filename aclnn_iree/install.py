@@ -2,25 +2,25 @@
 from __future__ import annotations
 
 import functools
-import json
+from pathlib import Path
 
-__all__ = ["is_editable", "install_command"]
+__all__ = ["source_checkout", "install_command"]
 
 
 @functools.lru_cache(maxsize=None)
-def is_editable() -> bool:
-    """Whether aclnn-iree is an editable install (pip install -e) of a source checkout."""
-    from importlib.metadata import PackageNotFoundError, distribution
+def source_checkout():
+    """The root of the source checkout the package runs from (an editable install, or the
+    repository on sys.path), or None for an installed package: a pyproject.toml naming
+    aclnn-iree beside the package's directories."""
+    root = Path(__file__).resolve().parent.parent
     try:
-        text = distribution("aclnn-iree").read_text("direct_url.json")
-    except PackageNotFoundError:
-        return False
-    try:
-        return bool(json.loads(text or "{}").get("dir_info", {}).get("editable"))
-    except ValueError:
-        return False
+        if 'name = "aclnn-iree"' in (root / "pyproject.toml").read_text():
+            return root
+    except OSError:
+        pass
+    return None
 
 
 def install_command(extra: str) -> str:
     """The pip command that adds `extra` ("test", "demo", "torch") to this installation."""
-    return f"pip install -e '.[{extra}]'" if is_editable() else f"pip install 'aclnn-iree[{extra}]'"
+    return f"pip install -e '.[{extra}]'" if source_checkout() else f"pip install 'aclnn-iree[{extra}]'"

@@ -24,15 +24,13 @@ __all__ = ["ArtifactMissing", "load_module_bytes", "set_artifacts_dir", "set_off
 
 
 def default_artifacts_dir() -> Path:
-    """`artifacts/` of the source checkout the package runs from (a pyproject.toml naming
-    aclnn-iree beside runtime/), else `<platformdirs user data dir>/artifacts` of an
-    installed package, which `pip uninstall` leaves alone and which is never in site-packages."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        if 'name = "aclnn-iree"' in (root / "pyproject.toml").read_text():
-            return root / "artifacts"
-    except OSError:
-        pass
+    """`artifacts/` of the source checkout the package runs from (aclnn_iree.install.source_checkout),
+    else `<platformdirs user data dir>/artifacts` of an installed package, which `pip uninstall`
+    leaves alone and which is never in site-packages."""
+    from ..install import source_checkout
+    root = source_checkout()
+    if root is not None:
+        return root / "artifacts"
     import platformdirs
     return Path(platformdirs.user_data_dir("aclnn-iree")) / "artifacts"
 

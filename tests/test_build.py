@@ -118,11 +118,11 @@ def test_manifest_has_every_field(built_store):
             assert x["transients_size_function"] == name + "_transients_size"
             # The grid sampler accumulates dx in slots of H*W pixels x min(C, 8) channels, keeps the
             # channel blocks' partial grid-gradient sums, and the upsample its window tables:
-            # these grow with the shapes (None).  Only nearest's grad_grid alone (zeros) needs
-            # no scratch ("0").
-            zeros_only = isinstance(s, GridSamplerSpec) and s.interpolation_mode == "nearest" \
-                and name.endswith("_dgrid")
-            shape_dependent = not zeros_only
+            # these grow with the shapes (None).  Nearest's grad_grid alone (zeros) and the
+            # point-parallel grad_grid pass need no scratch ("0").
+            no_scratch = isinstance(s, GridSamplerSpec) and (
+                (s.interpolation_mode == "nearest" and name.endswith("_dgrid")) or name.endswith("_dgrid_points"))
+            shape_dependent = not no_scratch
             assert (x["transients_size_constant"] is None) == shape_dependent, name
             size = e["exports"][name + "_transients_size"]
             assert size == {"companion_of": name, "arguments": x["arguments"], "results": ["i64"]}
@@ -341,6 +341,24 @@ def test_wheel_contains_templates_and_subpackages(tmp_path):
         assert required in names, f"{required} missing from the wheel"
     ep = next(n for n in names if n.endswith("entry_points.txt"))
     assert "aclnn-iree = aclnn_iree.cli:main" in zipfile.ZipFile(wheels[0]).read(ep).decode()
+    for required in ("aclnn_iree/torch/__init__.py", "aclnn_iree/torch/ops.py", "aclnn_iree/stereo.py"):
+        assert required in names, f"{required} missing from the wheel"
+    # Installed (not editable), the package builds into the per-user data directory, never
+    # into site-packages, and names the install command for such an installation.
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+                    str(wheels[0])], check=True, capture_output=True, timeout=600)
+    code = ("import platformdirs, aclnn_iree; from aclnn_iree.runtime.store import PROJECT_ARTIFACTS; "
+            "from aclnn_iree.install import install_command; "
+            "print(aclnn_iree.__file__); print(PROJECT_ARTIFACTS); print(platformdirs.user_data_dir('aclnn-iree')); "
+            "print(install_command('demo'))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=str(tmp_path),
+                       env={**os.environ, "PYTHONPATH": str(site)})
+    assert p.returncode == 0, p.stderr
+    where, artifacts, data_dir, hint = p.stdout.split("\n")[:4]
+    assert where.startswith(str(site))
+    assert artifacts == str(Path(data_dir) / "artifacts") and not artifacts.startswith(str(site))
+    assert hint == "pip install 'aclnn-iree[demo]'"
 
 
 def test_named_cpu_build_does_not_replace_the_host_build(tmp_path):
