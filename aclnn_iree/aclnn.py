@@ -594,7 +594,8 @@ def aclnnGridSampler2DBackwardGetWorkspaceSize(gradOutput, input, grid, interpol
     spec = GridSamplerSpec(V.INTERPOLATION_NAMES[interpolationMode], V.PADDING_NAMES[paddingMode],
                            bool(alignCorners), input.dtype.name)
     deterministic = bool(current_context().options[ACL_OPT_DETERMINISTIC])
-    kernel = _load_kernel(dev, spec, spec.function_name(mask, deterministic, target_for_driver(dev.name)))
+    kernel = _load_kernel(dev, spec, spec.function_name(mask, deterministic, target_for_driver(dev.name),
+                                                        channels=input.shape[1]))
     views = [gradOutput.view, input.view, grid.view] + [t.view for t in outputs]
     keep = (gradOutput, input, grid, *outputs)
     return aclOpExecutor(GRID_SAMPLER_OP, dev, kernel, views, _workspace_size(kernel, views), tensors=keep)

@@ -28,7 +28,7 @@ import pytest
 from aclnn_iree import AclnnError
 from aclnn_iree import reference as ref
 from aclnn_iree.api import grid_sampler_2d_backward as gsb
-from conftest import on_device
+from conftest import is_gpu, on_device
 
 MODES = (0, 1, 2)  # bilinear, nearest, bicubic
 PADS = (0, 1, 2)  # zeros, border, reflection
@@ -1062,3 +1062,34 @@ def test_reflection_sign_far_outside_matches_an_exact_reflection_count(device, d
     assert len(wrong) == 0, (f"{len(wrong)} of {len(g)} points differ, e.g. "
                              + ", ".join(f"g={float(g[i])!r}: {got[i]} != {want[i]}" for i in wrong[:5]))
     assert np.count_nonzero(want) > len(g) // 8  # not vacuous (coarse bf16 values often land on a border)
+
+
+# ----------------------------------------------------------------------------------------
+# grad_grid alone: the point-parallel pass and the slot pass give the same bits
+# ----------------------------------------------------------------------------------------
+POINT_PASS_CASES = ([(m, p, ac, "float32") for m in (0, 2) for p in PADS for ac in ACS]
+                    + [(m, p, ac, "float64") for m in (0, 2) for p in PADS for ac in ACS]
+                    + [(0, 2, False, "float16"), (2, 1, True, "bfloat16")])
+
+
+@pytest.mark.parametrize("mode,pad,ac,dtype", POINT_PASS_CASES,
+                         ids=[f"{MODE_NAMES[m]}-{PAD_NAMES[p]}-ac{int(ac)}-{dt}" for m, p, ac, dt in POINT_PASS_CASES])
+def test_dgrid_point_pass_has_the_slot_pass_bits(device, monkeypatch, mode, pad, ac, dtype):
+    """CPUs compute grad_grid alone with few channels in @dgrid_points (a point per lane, no
+    workspace) and otherwise in the slot pass; the same block order, the same channel
+    order, the same roundings: the same bits, also as the two-output call's grad_grid."""
+    if is_gpu(device):
+        pytest.skip("the point-parallel pass is the CPU's")
+    from aclnn_iree.compiler import specs
+    st = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}.get(dtype, np.dtype(dtype).type)
+    rng = np.random.default_rng(40 + mode + 3 * pad + 7 * ac)
+    for C in (1, 3, 8, 9, 17):
+        go, x, grid = (a.astype(st) for a in random_case(rng, (2, C, 6, 7, 5, 9), np.float64, -1.3, 1.3))
+        grid[0, 0, :3] = [[1e30, -2.5], [np.nan, 0.5], [-1.0, 1.0]]  # far out, NaN, a corner
+        outs = {}
+        for limit, path in ((0, "slots"), (10 ** 6, "points")):
+            monkeypatch.setattr(specs, "DGRID_POINTS_MAX_CHANNELS", limit)
+            outs[path] = gsb(go, x, grid, mode, pad, ac, (False, True))[1]
+        both = gsb(go, x, grid, mode, pad, ac, (True, True))[1]
+        for a in (outs["points"], both):
+            assert a.tobytes() == outs["slots"].tobytes(), (C, np.abs(a.astype(np.float64) - outs["slots"]).max())

@@ -78,9 +78,11 @@ def test_grid_sampler_spec_renders_with_exports(spec):
     assert "iree.abi.output = 0 : index" in main and "iree.abi.output = 1 : index" in main
     for suffix in ("_dx", "_dgrid"):
         assert "iree.abi.output = 1 : index" not in funcs[spec.kernel_name + suffix]["args"]
-    assert text.count('iree.abi.model = "coarse-fences"') == 3
-    assert text.count("iree.abi.transients") == 3
-    assert text.count("iree.abi.output") == 4
+    n = len(spec.function_names())  # 3, and the point-parallel grad_grid pass where there is a grid gradient
+    assert n == (3 if spec.interpolation_mode == "nearest" else 4)
+    assert text.count('iree.abi.model = "coarse-fences"') == n
+    assert text.count("iree.abi.transients") == n
+    assert text.count("iree.abi.output") == n + 1
     assert f"hal.executable.source private @{spec.kernel_name}_exe" in text
     assert "{{" not in text and "{%" not in text and "{#" not in text  # nothing left unrendered
 
@@ -110,10 +112,15 @@ def test_rendering_is_deterministic():
 def test_grid_sampler_kernel_names_exact(args, name):
     spec = GridSamplerSpec(*args)
     assert spec.kernel_name == name
-    assert spec.function_names() == (name, name + "_dx", name + "_dgrid")
+    points = () if args[0] == "nearest" else (name + "_dgrid_points",)
+    assert spec.function_names() == (name, name + "_dx", name + "_dgrid") + points
     assert spec.function_name((True, True)) == name
     assert spec.function_name((True, False)) == name + "_dx"
     assert spec.function_name((False, True)) == name + "_dgrid"
+    # grad_grid alone with few channels: the point-parallel pass on CPUs
+    assert spec.function_name((False, True), channels=8) == (name + "_dgrid" if not points else points[0])
+    assert spec.function_name((False, True), channels=9) == name + "_dgrid"
+    assert spec.function_name((True, True), channels=1) == name
 
 
 @pytest.mark.parametrize("args,name", [
@@ -272,7 +279,7 @@ def _check_64bit_conversions(text):
     convs = FP_TO_INT.findall(text)
     assert convs, "expected float -> int conversions of coordinates"
     for op, _, src, dst in convs:
-        assert dst == "i64", f"arith.{op} ... : {src} to {dst} (must be i64)"
+        assert re.fullmatch(r"i64|vector<\d+xi64>", dst), f"arith.{op} ... : {src} to {dst} (must be i64)"
     assert not re.search(r"(!ct|f16|bf16|f32|f64) to i32", text)
     assert "arith.trunci" not in text
 
@@ -287,9 +294,11 @@ def test_offsets_are_64_bit(spec):
     worker count (a workgroup count)."""
     text = rendered(spec)
     _check_64bit_conversions(text)
-    # each i64 from a float conversion goes straight to index
+    # each i64 from a float conversion goes straight to index, or stays a vector of i64
+    # (the point-parallel pass's gather offsets, 64-bit lanes)
     for name in re.findall(r"(%\w+) = arith\.fpto[su]i", text):
-        assert re.search(rf"= arith\.index_cast {re.escape(name)} : i64 to index", text), name
+        assert (re.search(rf"= arith\.index_cast {re.escape(name)} : i64 to index", text)
+                or re.search(rf"{re.escape(name)} = arith\.fptosi %\w+ : !vc to vector<\d+xi64>", text)), name
     # i32 appears only for the six sizes
     for line in text.splitlines():
         if "i32" not in line:
