@@ -272,7 +272,7 @@ def estimate_disparity(left, right, cfg: StereoConfig = StereoConfig(), backward
             level_backward.append(time.perf_counter() - t)
             opt.step()
             sched.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
             if bar:
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)

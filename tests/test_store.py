@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 import aclnn_iree
-import aclnn_iree.compiler.build as build_mod
 from aclnn_iree.compiler import GridSamplerSpec, UpsampleSpec, get_target
 from aclnn_iree.compiler.build import ArtifactStore
 from aclnn_iree.errors import ACLNN_ERR_INNER_FIND_KERNEL_ERROR, AclnnError

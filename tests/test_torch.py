@@ -20,7 +20,6 @@ import torch.nn.functional as F  # noqa: E402
 
 import aclnn_iree  # noqa: E402
 import aclnn_iree.torch as AT  # noqa: E402
-from aclnn_iree import reference as ref  # noqa: E402
 from aclnn_iree.torch import _bridge  # noqa: E402
 from conftest import require_device  # noqa: E402
 from test_dtypes import (BF16, F16, F32, F64, _torch_dtype, check_f64, check_half, error_bound, grid_case,  # noqa: E402
