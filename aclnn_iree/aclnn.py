@@ -33,7 +33,7 @@ import numpy as np
 
 from . import errors as E
 from . import validation as V
-from .compiler.compile import CompileError
+from .compiler.compile import CompileError, CompilerMissing
 from .compiler.specs import GridSamplerSpec, UpsampleSpec
 from .compiler.targets import target_for_driver
 from .errors import AclnnError, brief
@@ -435,7 +435,7 @@ def _load_kernel(device, spec, function_name):
     """The kernel of a specialisation on a device, with load failures as status codes."""
     try:
         return load_module(device, spec).kernel(function_name)
-    except (ArtifactMissing, ModuleLoadError) as e:
+    except (ArtifactMissing, CompilerMissing, ModuleLoadError) as e:
         raise AclnnError(E.ACLNN_ERR_INNER_FIND_KERNEL_ERROR, str(e)) from None
     except CompileError as e:
         raise AclnnError(E.ACLNN_ERR_INNER, f"compiling {spec.kernel_name} failed: {e.stderr.strip()[:2000]}") from None

@@ -31,7 +31,7 @@ import warnings
 
 import filelock
 
-from .compile import compile_file, compiler_version
+from .compile import compile_file, compiler_version, require_compiler
 from .render import render, template_source
 
 __all__ = ["ArtifactStore", "artifact_key", "BuildResult", "host_cpu", "compiler_build", "parse_declaration"]
@@ -93,10 +93,10 @@ def host_cpu() -> dict:
     return _host_cpu_cache
 
 
-def artifact_key(spec, target, source: str | None = None) -> str:
+def artifact_key(spec, target, source: str | None = None, compiler: str | None = None) -> str:
     """Cache key of `spec` compiled for `target`: the sha256 of its rendered MLIR (`source`, rendered
     when not given: what the compiler sees, whatever templates and partials it came from), the
-    compile flags and the compiler version.
+    compile flags and the compiler version (`compiler`, the installed one when not given).
 
     For the "host" CPU the key also holds the host's CPU fingerprint (host_cpu()):
     a store copied to another machine is then rebuilt instead of loading code for
@@ -107,7 +107,7 @@ def artifact_key(spec, target, source: str | None = None) -> str:
     fields = {
         "source_sha256": _sha256(source.encode()),
         "flags": list(target.flags),
-        "compiler": compiler_version(),
+        "compiler": compiler or compiler_version(),
     }
     if target.name == "llvm-cpu" and target.arch == "host":
         h = host_cpu()
@@ -405,7 +405,10 @@ class ArtifactStore:
             return None, "missing", ""
         if not isinstance(entry, dict):
             return None, "corrupt", f"its manifest entry is malformed ({type(entry).__name__}, not an object)"
-        if entry.get("key") != artifact_key(spec, target):
+        # Without a compiler here (a runtime-only install) the module's own compiler version
+        # is taken as given: the source, flags and CPU must still match.
+        if entry.get("key") != artifact_key(spec, target, compiler=compiler_version() or
+                                            str(entry.get("compiler_version"))):
             return None, "stale", "stale (rendered source, flags, compiler version or host CPU changed)"
         try:
             with open(path, "rb") as f:
@@ -512,6 +515,8 @@ class ArtifactStore:
                     res.reused += 1
                 else:
                     todo.append((s, t))
+        if todo:
+            require_compiler()  # say it once, not once per module
 
         def work(item):
             s, t = item

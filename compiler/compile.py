@@ -1,14 +1,21 @@
-"""Compiles rendered MLIR to a vmfb with the iree-compile tool of iree-base-compiler."""
+"""Compiles rendered MLIR to a vmfb with the iree-compile tool of iree-base-compiler.
+
+The compiler is optional at run time: a machine with prebuilt artifacts needs only
+iree-base-runtime (README "Running without the compiler"), so a missing compiler is
+an error only when a compile is asked for.
+"""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 
-from iree.compiler.tools.binaries import find_tool
-
 from .render import numbered
 
-__all__ = ["CompileError", "compile_file", "compile_command", "compiler_version"]
+__all__ = ["CompileError", "CompilerMissing", "compile_file", "compile_command", "compiler_version",
+           "compiler_available", "require_compiler"]
+
+INSTALL_HINT = "pip install iree-base-compiler==3.13.0"
 
 
 class CompileError(RuntimeError):
@@ -21,15 +28,40 @@ class CompileError(RuntimeError):
             f"--- rendered MLIR ---\n{numbered(source)}")
 
 
-def compiler_version() -> str:
-    """Version of the installed iree-base-compiler (part of every cache key)."""
-    from importlib.metadata import version
-    return version("iree-base-compiler")
+class CompilerMissing(ImportError):
+    """A compile was needed and iree-base-compiler is not installed."""
+
+
+@functools.cache  # installed packages do not change under a running process
+def compiler_version() -> str | None:
+    """Version of the installed iree-base-compiler (part of every cache key), None when it is
+    not installed or cannot be imported (then nothing can compile here)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        import iree.compiler  # noqa: F401
+        return version("iree-base-compiler")
+    except (ImportError, PackageNotFoundError):
+        return None
+
+
+def compiler_available() -> bool:
+    """Whether iree-compile can run here (iree-base-compiler installed and importable)."""
+    return compiler_version() is not None
+
+
+def require_compiler():
+    """Raises CompilerMissing, with what to do, unless iree-compile can run here."""
+    if not compiler_available():
+        raise CompilerMissing(f"iree-base-compiler is not installed: {INSTALL_HINT}, or run modules "
+                              "built elsewhere with `aclnn-iree build` (ACLNN_IREE_ARTIFACTS=DIR)")
 
 
 def compile_command(flags, src_name: str) -> list:
     """The exact iree-compile command line (a list, never a shell string) that compiles the file
-    `src_name` (relative to the working directory) and writes the module to stdout."""
+    `src_name` (relative to the working directory) and writes the module to stdout.
+    Raises CompilerMissing when iree-base-compiler is not installed."""
+    require_compiler()
+    from iree.compiler.tools.binaries import find_tool
     return [find_tool("iree-compile"), *flags, src_name, "-o", "-"]
 
 
@@ -40,7 +72,8 @@ def compile_file(path: str, flags) -> tuple:
     source path in the module's locations, so a module compiled this way has the same bytes
     whatever directory holds it (two processes or two stores compile the same bytes).  No
     temporary file is written anywhere: the module comes back on stdout.
-    Raises CompileError with the compiler's message and the MLIR with line numbers.
+    Raises CompileError with the compiler's message and the MLIR with line numbers,
+    CompilerMissing when iree-base-compiler is not installed.
     """
     cwd, name = os.path.split(os.path.abspath(path))
     cmd = compile_command(flags, name)

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
-__all__ = ["Target", "TARGETS", "target_for_driver", "get_target"]
+__all__ = ["Target", "TARGETS", "target_for_driver", "get_target", "build_args", "CPU_ARCH_ENV"]
 
 # f64 kernels must stay f64: IREE demotes f64 to f32 by default (shared/IREE-NOTES.md).
 _COMMON = ("--iree-input-demote-f64-to-f32=false",)
@@ -82,9 +83,29 @@ def get_target(name: str, arch: str | None = None) -> Target:
     return dataclasses.replace(t, arch=arch) if arch else t
 
 
+CPU_ARCH_ENV = "ACLNN_IREE_CPU_ARCH"
+
+
 def target_for_driver(driver: str) -> Target:
-    """The compile target whose modules the IREE runtime driver `driver` runs."""
+    """The compile target whose modules the IREE runtime driver `driver` runs.
+
+    CPU drivers run modules for the host CPU, or for the LLVM CPU named by the environment
+    variable ACLNN_IREE_CPU_ARCH (read when called), e.g. `x86-64-v3`: modules built
+    with `aclnn-iree build --target-cpu x86-64-v3` run on any machine with AVX2.
+    """
     base = driver.split(":", 1)[0]
     if base not in _DRIVER_TO_TARGET:
         raise ValueError(f"unknown device {driver!r}; known: {', '.join(_DRIVER_TO_TARGET)}")
-    return TARGETS[_DRIVER_TO_TARGET[base]]
+    target = TARGETS[_DRIVER_TO_TARGET[base]]
+    cpu = os.environ.get(CPU_ARCH_ENV, "").strip()
+    if target.name == "llvm-cpu" and cpu:
+        target = dataclasses.replace(target, arch=cpu)
+    return target
+
+
+def build_args(target: Target) -> str:
+    """The `aclnn-iree build` arguments that build modules for `target`."""
+    args = f"--target {target.name}"
+    if target.arch != TARGETS[target.name].arch:
+        args += f" --{'target-cpu' if target.name == 'llvm-cpu' else 'gpu-arch'} {target.arch}"
+    return args

@@ -7,16 +7,21 @@ Order (README "Where modules come from"):
    `artifacts/` in a source checkout, the per-user data directory (platformdirs)
    for an installed package (never inside site-packages);
 3. compile on first use into the per-user cache directory (platformdirs),
-   unless offline (`set_offline(True)` or ACLNN_IREE_OFFLINE=1), which raises
-   ArtifactMissing naming the artifact instead.
+   unless offline (`set_offline(True)` or ACLNN_IREE_OFFLINE=1) or iree-base-compiler
+   is not installed (a runtime-only install), which raise ArtifactMissing naming the
+   artifact and the build command instead.
+
+CPU devices run modules built for the host CPU, or for the CPU named by
+ACLNN_IREE_CPU_ARCH (e.g. x86-64-v3: modules that travel to other machines).
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from ..compiler.build import ArtifactStore
-from ..compiler.targets import target_for_driver
+from ..compiler.build import ArtifactStore, target_folder
+from ..compiler.compile import INSTALL_HINT, compiler_available
+from ..compiler.targets import build_args, target_for_driver
 
 __all__ = ["ArtifactMissing", "load_module_bytes", "set_artifacts_dir", "set_offline", "search_dirs",
            "cache_dir", "PROJECT_ARTIFACTS", "default_artifacts_dir"]
@@ -96,7 +101,8 @@ def load_module_bytes(spec, device_name: str):
         if data is not None:
             return data, target, st.paths(spec, target)["vmfb"]
     cache = ArtifactStore(dirs[-1])
-    if _is_offline():
+    offline = _is_offline()
+    if offline or not compiler_available():
         data = cache.lookup(spec, target)
         if data is not None:
             return data, target, cache.paths(spec, target)["vmfb"]
@@ -105,7 +111,9 @@ def load_module_bytes(spec, device_name: str):
             st = ArtifactStore(d)
             _, state, problem = st.find(spec, target)
             found.append(st.paths(spec, target)["vmfb"] + f" ({problem or state})")
+        why = "offline mode" if offline else f"iree-base-compiler is not installed ({INSTALL_HINT})"
         raise ArtifactMissing(
-            f"offline mode: no valid artifact for {spec.kernel_name} ({target.name}); looked for "
-            + ", ".join(found) + ". Run `aclnn-iree build` first.")
+            f"{why}: no valid artifact for {spec.kernel_name} ({target_folder(target)}); looked for "
+            + ", ".join(found) + f". Build it first: `aclnn-iree build {build_args(target)}`, here or on a "
+            "machine with the compiler (then point ACLNN_IREE_ARTIFACTS at the folder).")
     return cache.get_or_build(spec, target), target, cache.paths(spec, target)["vmfb"]
