@@ -77,6 +77,9 @@ def _median_time(fn, repeats: int, warmup: int = 2) -> float:
 # A block median more than this far above another block's median of the same function
 # means the machine's speed changed during the measurement (other work sharing the cores).
 BUSY_SPREAD = 0.20
+# Two float32 implementations of one gradient: sums of up to thousands of terms in other
+# orders differ by far less than this share of the largest value (checked on every case).
+PEER_DIFF_WARN = 1e-3
 spreads: dict = {}  # function label -> the largest relative spread of its block medians, per run
 
 
@@ -190,18 +193,52 @@ def _phase2(case: Case, arrays, device):
     return run, ws, outs
 
 
-def _torch_fn(case: Case, arrays, torch):
+def _torch_fn(case: Case, arrays, torch, cuda: bool = False):
+    """PyTorch's own backward on the same data: on CPU tensors, or on CUDA tensors (`cuda`),
+    then synchronised, so the time is the kernel's as ours is."""
     N, C, H, W, Ho, Wo = case.shape
+    tensors = [torch.from_numpy(a) for a in arrays]
+    if cuda:
+        tensors = [t.cuda() for t in tensors]
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     if case.op == "grid":
-        go, x, g = (torch.from_numpy(a) for a in arrays)
-        return lambda: torch.ops.aten.grid_sampler_2d_backward(go, x, g, case.mode, case.padding,
-                                                               case.align_corners, [True, True])
-    go = torch.from_numpy(arrays[0])
+        go, x, g = tensors
+
+        def grid():
+            r = torch.ops.aten.grid_sampler_2d_backward(go, x, g, case.mode, case.padding, case.align_corners,
+                                                        [True, True])
+            sync()
+            return r
+        return grid
+    go = tensors[0]
     if case.layout == "NHWC":  # PyTorch's channels_last path: what a speed-minded user runs
         go = go.permute(0, 3, 1, 2)
         assert go.is_contiguous(memory_format=torch.channels_last)
-    return lambda: torch.ops.aten.upsample_bilinear2d_backward(go, [Ho, Wo], [N, C, H, W], case.align_corners,
-                                                               None, None)
+
+    def upsample():
+        r = torch.ops.aten.upsample_bilinear2d_backward(go, [Ho, Wo], [N, C, H, W], case.align_corners, None, None)
+        sync()
+        return r
+    return upsample
+
+
+def _max_rel_diff(ours, theirs, layout: str) -> float:
+    """Largest |ours - PyTorch's| over the largest |PyTorch's|, over all outputs (PyTorch's
+    NHWC result is an NCHW-shaped view of channels_last memory: always transposed, since a
+    shape comparison cannot tell N×C×H×W from N×H×W×C when H = W = C)."""
+    worst = 0.0
+    theirs = theirs if isinstance(theirs, (tuple, list)) else (theirs,)
+    for a, t in zip(ours, theirs):
+        b = t.detach().cpu().numpy()
+        if layout == "NHWC":
+            b = b.transpose(0, 2, 3, 1)
+        scale = max(float(np.abs(b).max()), np.finfo(np.float32).tiny)
+        worst = max(worst, float(np.abs(a.astype(np.float64) - b).max()) / scale)
+    return worst
+
+
+def _device_name(device) -> str:
+    return device if isinstance(device, str) else device.name
 
 
 def run_case(case: Case, device, repeats: int, torch=None, rng=None) -> dict:
@@ -214,8 +251,11 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None) -> dict:
     run()
     deterministic = all(np.array_equal(a, o.numpy()) for a, o in zip(first, outs))
     fns = {"phase2": run, "e2e": _pythonic(case, arrays, device)}
+    peer_diff = None
     if torch is not None:
-        fns["torch"] = _torch_fn(case, arrays, torch)
+        on_cuda = _device_name(device).startswith("cuda") and torch.cuda.is_available()
+        fns["torch"] = _torch_fn(case, arrays, torch, cuda=on_cuda)
+        peer_diff = _max_rel_diff(first, fns["torch"](), case.layout)  # same numbers before timing
     spreads.clear()
     t = _alternating_medians(fns, repeats)
     noisy = {k: v for k, v in spreads.items() if v > BUSY_SPREAD}
@@ -225,7 +265,8 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None) -> dict:
            "phase2_ms": 1e3 * t["phase2"], "e2e_ms": 1e3 * t["e2e"], "bitwise_repeatable": deterministic,
            "gbps": compulsory_bytes(case) / t["phase2"] / 1e9}
     if torch is not None:
-        row.update(torch_ms=1e3 * t["torch"], ratio_phase2=t["torch"] / t["phase2"], ratio_e2e=t["torch"] / t["e2e"])
+        row.update(torch_ms=1e3 * t["torch"], ratio_phase2=t["torch"] / t["phase2"], ratio_e2e=t["torch"] / t["e2e"],
+                   torch_device="cuda" if on_cuda else "cpu", torch_max_rel_diff=peer_diff)
     row["unsteady"] = noisy  # measurements whose block medians moved more than BUSY_SPREAD
     return row, first
 
@@ -303,6 +344,9 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
             f"{row.get('ratio_phase2', float('nan')):6.2f} {row.get('ratio_e2e', float('nan')):6.2f} "
             f"{row['gbps']:6.2f} {100 * row['share_of_copy']:5.1f}% {row['workspace_bytes']:9d} "
             f"{row['workspace_over_largest_input']:6.2f}")
+        if row.get("torch_max_rel_diff", 0.0) > PEER_DIFF_WARN:
+            out(f"  warning: PyTorch's result differs from ours by {row['torch_max_rel_diff']:.1e} of its largest "
+                "value: the ratio compares different computations")
         for what, spread in row["unsteady"].items():
             out(f"  warning: {what} times moved {100 * spread:.0f} % between blocks (the machine looks busy)")
     result = {"device": device, "threads": threads, "copy_gbps": bw, "cases": rows}

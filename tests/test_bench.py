@@ -1,0 +1,28 @@
+"""The benchmark checks that PyTorch computes the same numbers before it times it (its
+ratios compare like with like).  Timings themselves are never asserted here."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from aclnn_iree import bench
+
+torch = pytest.importorskip("torch")
+
+SMALL = [bench.Case("grid_reflection_small", "grid", (2, 3, 9, 11, 7, 5), 0, 2, False),
+         bench.Case("up_nhwc_small", "upsample", (2, 5, 6, 7, 13, 10), layout="NHWC"),
+         # H = W = C: the NHWC result has PyTorch's NCHW shape, and must still be transposed.
+         bench.Case("up_nhwc_square", "upsample", (2, 4, 4, 4, 8, 8), layout="NHWC")]
+
+
+@pytest.mark.parametrize("case", SMALL, ids=lambda c: c.name)
+def test_each_row_says_how_far_pytorch_is_from_ours(case):
+    row, ours = bench.run_case(case, "local-task", repeats=1, torch=torch)
+    assert row["torch_device"] == "cpu"
+    assert 0.0 <= row["torch_max_rel_diff"] < bench.PEER_DIFF_WARN
+    assert row["torch_ms"] > 0 and row["ratio_e2e"] > 0
+    # The check sees a difference where there is one (and reads NHWC results in NHWC).
+    theirs = bench._torch_fn(case, bench._inputs(case, np.random.default_rng(0)), torch)()
+    planted = [o.copy() for o in ours]
+    planted[0].flat[3] += 0.01 * np.abs(planted[0]).max()
+    assert bench._max_rel_diff(planted, theirs, case.layout) > bench.PEER_DIFF_WARN
