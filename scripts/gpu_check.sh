@@ -1,37 +1,70 @@
 #!/usr/bin/env bash
-# GPU check for a machine with an NVIDIA GPU (CI never has one): installs the package,
-# runs the numerical suites on the `cuda` device (beside the CPU, which they compare
-# against) and the benchmark, in about 5 minutes.  Prints everything it runs; exits
+# GPU check for a machine with an NVIDIA GPU (CI never has one): runs the numerical suites on
+# the `cuda` device (beside the CPU, which they compare against), the PyTorch integration on
+# CUDA tensors and the benchmark, in under 8 minutes.  Prints everything it runs; exits
 # non-zero when a test fails or no CUDA device is found.
 #
-#   bash scripts/gpu_check.sh            # from the repository root
+#   bash scripts/gpu_check.sh               # from the repository root
+#   bash scripts/gpu_check.sh --rehearse    # the same steps with the CPU in place of cuda,
+#                                           # to try the script (and .gpu/) before GPU time
 #
-# Kernels compile for cuda (sm_80 PTX, which newer GPUs JIT) on first use into a fresh
-# cache; the CPU ones too.
-set -euo pipefail
+# Two ways to get the package there:
+# - with .gpu/ from scripts/prepare_gpu_check.sh (the lent GPU machines: no network, no
+#   compiler): the carried wheels are installed into /tmp/site and the carried modules run
+#   offline (cuda sm_80 PTX, which newer GPUs JIT; llvm-cpu x86-64-v3 for the CPU);
+# - otherwise a virtual environment with `pip install -e .[test]` (a network), and kernels
+#   compile on first use into a fresh cache.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-echo "== machine"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || { echo "no nvidia-smi: no NVIDIA GPU here"; exit 2; }
-if [ ! -x .venv/bin/python ]; then
-    python3 -m venv .venv
+REPO="$PWD"
+DEV=cuda
+if [ "${1:-}" = "--rehearse" ]; then
+    DEV=local-task
+    export VK_ICD_FILENAMES=/nonexistent  # no Vulkan either: the GPU-only tests skip, as on a CPU box
 fi
-. .venv/bin/activate
-pip install -q --upgrade pip >/dev/null 2>&1 || true
-pip install -q -e '.[test]'
-export ACLNN_IREE_CACHE="${ACLNN_IREE_CACHE:-$(mktemp -d)}"
-python - <<'PY'
+failed=0
+echo "== machine"
+if [ "$DEV" = cuda ]; then
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || { echo "no nvidia-smi: no NVIDIA GPU here"; exit 2; }
+fi
+export PYTHONUNBUFFERED=1
+if [ -d .gpu/whl ] && [ -d .gpu/artifacts ]; then
+    echo "== installing the carried wheels into /tmp/site (no network, no compiler)"
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .gpu/whl/*.whl || exit 3
+    export PYTHONPATH=/tmp/site PATH="/tmp/site/bin:$PATH"
+    export ACLNN_IREE_ARTIFACTS="$REPO/.gpu/artifacts" ACLNN_IREE_CPU_ARCH=x86-64-v3 ACLNN_IREE_OFFLINE=1
+    export ACLNN_IREE_CACHE="$(mktemp -d)"
+    PY=python3
+else
+    [ -x .venv/bin/python ] || python3 -m venv .venv
+    . .venv/bin/activate
+    pip install -q -e '.[test]' || exit 3
+    export ACLNN_IREE_CACHE="${ACLNN_IREE_CACHE:-$(mktemp -d)}"
+    PY=python
+fi
+# Run from outside the checkout: its aclnn_iree/ folder is not the installed package.
+cd /tmp
+DEV=$DEV $PY - <<'PY' || exit 4
+import os, aclnn_iree, iree.runtime, torch
 from aclnn_iree.runtime.device import get_device
-d = get_device("cuda")
-print("== IREE cuda device:", d.hal)
+print("== aclnn_iree from", aclnn_iree.__file__, "| torch", torch.__version__, "cuda", torch.cuda.is_available())
+print("== IREE device:", get_device(os.environ["DEV"]).hal)
 PY
-echo "== all artifacts compile for cuda"
-aclnn-iree build --target cuda --out "$ACLNN_IREE_CACHE/aot" --no-progress --jobs "$(nproc)" | tail -2
-echo "== numerical suites on cuda (the CPU is the cross-device reference)"
-# -x: stop at the first failure; the CPU-only instances are deselected to save time.
-ACLNN_IREE_TEST_DEVICES=cuda timeout 240 python -m pytest -q -x -p no:cacheprovider \
-    tests/test_devices.py tests/test_grid_sampler.py tests/test_dtypes.py \
-    -k "not test_every_gpu_artifact_compiles and not test_named_gpu_arch" 2>&1 | tail -25
-echo "== PyTorch integration on CUDA tensors (DLPack to IREE's cuda device, the fallback)"
-timeout 240 python -m pytest -q -x -p no:cacheprovider tests/test_torch.py -k cuda 2>&1 | tail -15
-echo "== benchmark on cuda (PyTorch CPU beside it)"
-timeout 120 aclnn-iree bench --device cuda --quick --no-compile --repeats 10 2>&1 | tail -30
+run() {  # name, timeout (s), command...
+    local name="$1" limit="$2"; shift 2
+    echo "== $name"
+    timeout "$limit" "$@" 2>&1 | tail -25
+    local rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 0 ] || { echo "== $name: FAILED (exit $rc)"; failed=1; }
+}
+# -x: stop at the first failure; compile-only tests are deselected (the modules came built).
+run "numerical suites on $DEV (the CPU is the cross-device reference)" 240 \
+    env ACLNN_IREE_TEST_DEVICES=$DEV $PY -m pytest -q -x -p no:cacheprovider --rootdir "$REPO" \
+    "$REPO/tests/test_devices.py" "$REPO/tests/test_grid_sampler.py" "$REPO/tests/test_dtypes.py" \
+    -k "not test_every_gpu_artifact_compiles and not test_named_gpu_arch"
+run "PyTorch integration on CUDA tensors (DLPack to IREE's cuda device)" 120 \
+    $PY -m pytest -q -x -p no:cacheprovider --rootdir "$REPO" "$REPO/tests/test_torch.py" -k cuda
+run "benchmark on $DEV (PyTorch on the same device beside it)" 120 \
+    $PY -m aclnn_iree bench --device $DEV --quick --no-compile --repeats 10
+exit $failed
