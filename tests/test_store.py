@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import os
 import shutil
 import socket
@@ -298,3 +299,72 @@ def test_a_module_iree_cannot_load_names_its_file(isolated):
                                             0, 0, False)
     assert ei.value.status == ACLNN_ERR_INNER_FIND_KERNEL_ERROR
     assert p in str(ei.value) and "cannot load module" in str(ei.value)
+
+
+# ----------------------------------------------------------------------------------------
+# Shared template partials: the key is the rendered MLIR, so editing a macro of
+# templates/_common.mlir.j2 rebuilds exactly the modules whose text it changes.
+# ----------------------------------------------------------------------------------------
+ALL_TARGETS = ("llvm-cpu", "vulkan-spirv", "cuda")
+
+
+def _templates_with_edited_macro(tmp_path, monkeypatch, macro: str, line: str):
+    """Renders from a copy of the templates in which `line` opens `macro`'s output in the
+    shared partial (the installed templates stay as they are)."""
+    import importlib
+    from importlib import resources
+
+    import jinja2
+    render_mod = importlib.import_module("aclnn_iree.compiler.render")  # the module, not the function
+    tdir = tmp_path / "templates"
+    tdir.mkdir()
+    for f in resources.files("aclnn_iree.templates").iterdir():
+        if f.name.endswith(".mlir.j2"):
+            (tdir / f.name).write_text(f.read_text())
+    common = tdir / "_common.mlir.j2"
+    text = common.read_text()
+    head = re.search(r"\{%%- macro %s\(.*?%%\}\n" % macro, text)
+    assert head, f"no macro {macro} in the shared partial"
+    common.write_text(text[:head.end()] + line + "\n" + text[head.end():])
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(tdir)), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False)
+    monkeypatch.setattr(render_mod, "_environment", lambda: env)
+
+
+def _all_keys():
+    from aclnn_iree.compiler.build import artifact_key
+    from aclnn_iree.compiler.specs import all_specs
+    return {(t, s.kernel_name): artifact_key(s, get_target(t), compiler="3.13-test")
+            for t in ALL_TARGETS for s in all_specs()}
+
+
+@pytest.mark.parametrize("macro,line,expect", [
+    # Every GPU form loops grid-stride; no CPU form does.
+    ("gpu_loop", "      // edited", lambda t, name: t != "llvm-cpu"),
+    # Capped CPU counts: every upsample module's and the grid sampler's grad_grid passes
+    # (bilinear and bicubic); nearest has none, and neither has any GPU form.
+    ("count_capped", "    // edited",
+     lambda t, name: t == "llvm-cpu" and (name.startswith("upsample") or "_nearest_" not in name)),
+])
+def test_editing_a_shared_partial_rebuilds_exactly_the_modules_it_changes(tmp_path, monkeypatch, macro, line,
+                                                                           expect):
+    before = _all_keys()
+    _templates_with_edited_macro(tmp_path, monkeypatch, macro, line)
+    after = _all_keys()
+    changed = {k for k in before if before[k] != after[k]}
+    expected = {(t, name) for t, name in before if expect(t, name)}
+    assert changed == expected
+    assert 0 < len(changed) < len(before)
+
+
+def test_a_store_rebuilds_the_module_a_partial_edit_changes_and_keeps_the_other(tmp_path, monkeypatch):
+    up, nearest = UpsampleSpec(False, "float32", "NCHW"), GridSamplerSpec("nearest", "zeros", False, "float32")
+    st = ArtifactStore(str(tmp_path / "store"))
+    assert st.build([up, nearest], [TARGET], progress=False).failed == []
+    _templates_with_edited_macro(tmp_path, monkeypatch, "count_capped", "    // edited")
+    assert st.status(up, TARGET) == "stale"
+    assert st.status(nearest, TARGET) == "ok"
+    with pytest.warns(RuntimeWarning, match="stale"):
+        result = st.build([up, nearest], [TARGET], progress=False)
+    assert (result.compiled, result.reused) == (1, 1)
+    assert "// edited" in Path(st.paths(up, TARGET)["mlir"]).read_text()
