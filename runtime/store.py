@@ -23,7 +23,7 @@ from ..compiler.build import ArtifactStore, target_folder
 from ..compiler.compile import INSTALL_HINT, compiler_available
 from ..compiler.targets import build_args, target_for_driver
 
-__all__ = ["ArtifactMissing", "load_module_bytes", "set_artifacts_dir", "set_offline", "search_dirs",
+__all__ = ["ArtifactMissing", "is_offline", "load_module_bytes", "prepare", "set_artifacts_dir", "set_offline", "search_dirs",
            "cache_dir", "PROJECT_ARTIFACTS", "default_artifacts_dir"]
 
 
@@ -62,7 +62,8 @@ def set_offline(flag):
     _offline = flag
 
 
-def _is_offline() -> bool:
+def is_offline() -> bool:
+    """Whether modules must not compile at run time (set_offline, else ACLNN_IREE_OFFLINE)."""
     if _offline is not None:
         return bool(_offline)
     return os.environ.get("ACLNN_IREE_OFFLINE", "") not in ("", "0", "false", "False")
@@ -101,7 +102,7 @@ def load_module_bytes(spec, device_name: str):
         if data is not None:
             return data, target, st.paths(spec, target)["vmfb"]
     cache = ArtifactStore(dirs[-1])
-    offline = _is_offline()
+    offline = is_offline()
     if offline or not compiler_available():
         data = cache.lookup(spec, target)
         if data is not None:
@@ -117,3 +118,30 @@ def load_module_bytes(spec, device_name: str):
             + ", ".join(found) + f". Build it first: `aclnn-iree build {build_args(target)}`, here or on a "
             "machine with the compiler (then point ACLNN_IREE_ARTIFACTS at the folder).")
     return cache.get_or_build(spec, target), target, cache.paths(spec, target)["vmfb"]
+
+
+def prepare(specs, device_name: str, jobs: int | None = None, progress: bool = False):
+    """Compiles now, `jobs` at a time (default: the CPU count), the modules of `specs` for the
+    device `device_name` that load_module_bytes would otherwise compile one at a time on first
+    use: those valid in no searched directory, into the compile cache.
+
+    Returns the compiler.build.BuildResult: `reused` counts the modules already valid in a
+    searched directory, `failed` lists (kernel_name, target, message) for compiles that failed
+    (a later call of that kernel reports the same error).  Offline or without the compiler it
+    compiles nothing and raises ArtifactMissing when any module is missing, naming how many
+    and the `aclnn-iree build` command that makes them.
+    """
+    from ..compiler.build import BuildResult
+    target = target_for_driver(device_name)
+    dirs = search_dirs()
+    specs = list(specs)
+    todo = [s for s in specs if not any(ArtifactStore(d).status(s, target) == "ok" for d in dirs)]
+    if todo and (is_offline() or not compiler_available()):
+        why = "offline mode" if is_offline() else f"iree-base-compiler is not installed ({INSTALL_HINT})"
+        raise ArtifactMissing(f"{why}: {len(todo)} of {len(specs)} modules for {target_folder(target)} are in "
+                              f"none of {', '.join(dirs)}; build them: `aclnn-iree build {build_args(target)}`")
+    if not todo:
+        return BuildResult(reused=len(specs))
+    result = ArtifactStore(dirs[-1]).build(todo, [target], jobs=jobs, progress=progress)
+    result.reused += len(specs) - len(todo)
+    return result

@@ -10,7 +10,9 @@ Devices: a test module that uses the `device` fixture (the numerical suites do,
 through an autouse fixture) runs once per IREE device in DEVICES: the CPU
 (local-task) and Vulkan (on a machine without a GPU, Mesa's lavapipe, which
 .ci/run installs).  A missing Vulkan device skips those tests with the reason,
-except under CI=true, where it fails them: CI must test Vulkan for real.
+except under CI=true, where it fails them: CI must test Vulkan for real.  The first
+test on a device compiles every module for it that no store holds, in parallel
+(prepare_modules), instead of one at a time on first use.
 ACLNN_IREE_TEST_DEVICES="local-task" (comma-separated) narrows the list.
 """
 import functools
@@ -52,10 +54,24 @@ def require_device(name: str):
     pytest.skip(f"no {name} device here: {reason}")
 
 
+@functools.lru_cache(maxsize=None)
+def prepare_modules(name: str):
+    """Compiles, all cores at once, every module the suites can load on device `name` that no
+    store holds yet (runtime.store.prepare): on first use they would compile one at a time.
+    Failed compiles are left to the tests that load them, which report them."""
+    from aclnn_iree.compiler.compile import compiler_available
+    from aclnn_iree.compiler.specs import all_specs
+    from aclnn_iree.runtime import store
+    if device_missing(name) is None and compiler_available() and not store.is_offline():
+        store.prepare(all_specs(), name)
+
+
 @pytest.fixture(scope="session", params=DEVICES)
 def device(request):
-    """The IREE device a numerical test runs on (one test instance per device)."""
+    """The IREE device a numerical test runs on (one test instance per device), with every
+    module for it compiled."""
     require_device(request.param)
+    prepare_modules(request.param)
     return request.param
 
 

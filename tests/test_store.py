@@ -368,3 +368,25 @@ def test_a_store_rebuilds_the_module_a_partial_edit_changes_and_keeps_the_other(
         result = st.build([up, nearest], [TARGET], progress=False)
     assert (result.compiled, result.reused) == (1, 1)
     assert "// edited" in Path(st.paths(up, TARGET)["mlir"]).read_text()
+
+
+# ----------------------------------------------------------------------------------------
+# store.prepare: what first use would compile one at a time, compiled at once
+# ----------------------------------------------------------------------------------------
+def test_prepare_compiles_what_no_searched_directory_holds_into_the_cache(isolated, tmp_path, monkeypatch):
+    a, b = UpsampleSpec(False, "float32", "NCHW"), GridSamplerSpec("nearest", "zeros", False, "float32")
+    shipped = tmp_path / "shipped"
+    assert ArtifactStore(str(shipped)).build([a], [TARGET], progress=False).compiled == 1
+    monkeypatch.setenv("ACLNN_IREE_ARTIFACTS", str(shipped))
+    first = store.prepare([a, b], "local-task", jobs=2)
+    assert (first.compiled, first.reused, first.failed) == (1, 1, [])
+    cache = ArtifactStore(str(isolated))
+    assert cache.status(b, TARGET) == "ok" and cache.status(a, TARGET) == "missing"  # a came shipped
+    again = store.prepare([a, b], "local-task")
+    assert (again.compiled, again.reused) == (0, 2)
+    # Offline, a missing module is an error naming the count and the build command.
+    c = GridSamplerSpec("nearest", "border", False, "float32")
+    monkeypatch.setenv("ACLNN_IREE_OFFLINE", "1")
+    with pytest.raises(store.ArtifactMissing, match=r"offline mode: 1 of 3 modules .*aclnn-iree build"):
+        store.prepare([a, b, c], "local-task")
+    assert cache.status(c, TARGET) == "missing"
