@@ -62,7 +62,7 @@ run() {  # name, timeout (s), command...
 run "numerical suites on $DEV (the CPU is the cross-device reference)" 240 \
     env ACLNN_IREE_TEST_DEVICES=$DEV $PY -m pytest -q -x -p no:cacheprovider --rootdir "$REPO" \
     "$REPO/tests/test_devices.py" "$REPO/tests/test_grid_sampler.py" "$REPO/tests/test_dtypes.py" \
-    -k "not test_every_gpu_artifact_compiles and not test_named_gpu_arch"
+    -k "not artifact_compiles and not artifacts_compile and not test_named_gpu_arch"
 run "PyTorch integration on CUDA tensors (DLPack to IREE's cuda device)" 120 \
     $PY -m pytest -q -x -p no:cacheprovider --rootdir "$REPO" "$REPO/tests/test_torch.py" -k cuda
 run "benchmark on $DEV (PyTorch on the same device beside it)" 120 \
