@@ -12,7 +12,8 @@ import subprocess
 
 from .render import numbered
 
-__all__ = ["CompileError", "CompilerMissing", "compile_file", "compile_command", "compiler_version",
+__all__ = ["CompileError", "CompilerMissing", "compile_file", "compile_command", "compiler_build",
+           "compiler_version",
            "compiler_available", "require_compiler"]
 
 INSTALL_HINT = "pip install iree-base-compiler==3.13.0"
@@ -83,3 +84,15 @@ def compile_file(path: str, flags) -> tuple:
             source = f.read()
         raise CompileError(os.path.splitext(name)[0], cmd, proc.stderr.decode(errors="replace"), source)
     return proc.stdout, cmd, cwd
+
+
+@functools.cache
+def compiler_build() -> str:
+    """The first lines of `iree-compile --version` (exact IREE and LLVM revisions), or "" when unavailable."""
+    try:
+        from iree.compiler.tools.binaries import find_tool
+        out = subprocess.run([find_tool("iree-compile"), "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    except Exception:
+        return ""
+    return "; ".join(ln.strip() for ln in out.splitlines() if ln.strip() and "iree.dev" not in ln)

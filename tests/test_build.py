@@ -20,6 +20,7 @@ import aclnn_iree.compiler.build as build_mod
 from aclnn_iree import cli
 from aclnn_iree.compiler import GridSamplerSpec, UpsampleSpec, get_target
 from aclnn_iree.compiler.build import ArtifactStore
+from aclnn_iree.compiler.key import artifact_key
 from aclnn_iree.compiler.specs import all_specs
 from aclnn_iree.errors import ACLNN_ERR_INNER_FIND_KERNEL_ERROR, AclnnError
 from aclnn_iree.runtime import kernels, store
@@ -102,7 +103,7 @@ def test_manifest_has_every_field(built_store):
         assert e["source_sha256"] == _sha(p["mlir"])
         assert e["vmfb_sha256"] == _sha(p["vmfb"]) and e["vmfb_bytes"] == os.path.getsize(p["vmfb"])
         assert e["template"] == s.template
-        assert e["key"] == build_mod.artifact_key(s, TARGET)
+        assert e["key"] == artifact_key(s, TARGET)
         # every exported function, with its argument and result signature
         expected = set(s.function_names()) | {n + "_transients_size" for n in s.function_names()}
         assert set(e["functions"]) == expected == set(e["exports"])

@@ -204,7 +204,8 @@ def test_store_files_respect_the_umask(tmp_path, umask, mode):
 _READ_AS_ANOTHER_USER = """
     import os, sys, warnings
     from aclnn_iree.compiler import GridSamplerSpec, get_target
-    from aclnn_iree.compiler.build import ArtifactStore, artifact_key
+    from aclnn_iree.compiler.build import ArtifactStore
+    from aclnn_iree.compiler.key import artifact_key
     from aclnn_iree.runtime import store
     spec, target = GridSamplerSpec("bilinear", "zeros", False, "float32"), get_target("llvm-cpu")
     artifact_key(spec, target)  # the CPU fingerprint and compiler version, while the stdlib is readable
@@ -332,7 +333,7 @@ def _templates_with_edited_macro(tmp_path, monkeypatch, macro: str, line: str):
 
 
 def _all_keys():
-    from aclnn_iree.compiler.build import artifact_key
+    from aclnn_iree.compiler.key import artifact_key
     from aclnn_iree.compiler.specs import all_specs
     return {(t, s.kernel_name): artifact_key(s, get_target(t), compiler="3.13-test")
             for t in ALL_TARGETS for s in all_specs()}

@@ -1,0 +1,85 @@
+"""Files of a store that several threads, processes and hosts share: atomic replacement, and
+the temporaries that a writer killed mid-write leaves behind."""
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import socket
+import time
+
+__all__ = ["atomic_write", "os_error_text", "remove_stale_temporaries"]
+
+
+def os_error_text(e: OSError) -> str:
+    """An OSError as '[Errno 13] EACCES: Permission denied'."""
+    name = errno.errorcode.get(e.errno, "") if e.errno else ""
+    return f"[Errno {e.errno}] {name}: {e.strerror}" if name else str(e)
+
+
+# Temporaries of atomic writes live beside their target, named for their writer so that a
+# writer killed mid-write (SIGKILL) leaves something a later build can recognise and remove.
+_TMP_PREFIX = ".tmp-"
+
+
+_STALE_TMP_SECONDS = 24 * 3600
+
+
+def _tmp_name(path: str) -> str:
+    host = socket.gethostname().replace("-", "_")[:40]
+    return os.path.join(os.path.dirname(path),
+                        f"{_TMP_PREFIX}{host}-{os.getpid()}-{secrets.token_hex(4)}-{os.path.basename(path)}")
+
+
+def atomic_write(path: str, data: bytes):
+    """Writes `data` to `path` through a temporary file beside it and os.replace (readers
+    never see half a file).  The file is created with mode 0666 less the umask, like any
+    other file the user writes (mkstemp's 0600 would hide a shared store from other users)."""
+    d = os.path.dirname(path)
+    os.makedirs(d, exist_ok=True)
+    tmp = _tmp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory: str) -> list:
+    """Removes the temporaries of writers that died (this host, dead pid) or that are over a
+    day old (any host: a store on a shared disk); returns the paths removed."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    host = socket.gethostname().replace("-", "_")[:40]
+    now = time.time()
+    for name in names:
+        if not name.startswith(_TMP_PREFIX):
+            continue
+        path = os.path.join(directory, name)
+        parts = name[len(_TMP_PREFIX):].split("-", 2)
+        try:
+            dead = parts[0] == host and not _pid_alive(int(parts[1]))
+            old = now - os.stat(path).st_mtime > _STALE_TMP_SECONDS
+            if dead or old:
+                os.unlink(path)
+                removed.append(path)
+        except (ValueError, IndexError, OSError):
+            continue
+    return removed
