@@ -32,11 +32,10 @@ import threading
 import numpy as np
 
 from . import errors as E
-from . import validation as V
 from .compiler.compile import CompileError, CompilerMissing
-from .compiler.specs import GridSamplerSpec, UpsampleSpec
 from .compiler.targets import target_for_driver
 from .errors import AclnnError, brief
+from .ops import grid_sampler, upsample
 from .runtime.device import DeviceUnavailable
 from .runtime.kernels import ModuleLoadError, load_module
 from .runtime.store import ArtifactMissing
@@ -443,6 +442,16 @@ def _load_kernel(device, spec, function_name):
         raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, str(e)) from None
 
 
+def _executor(op: str, device, binding) -> aclOpExecutor:
+    """The executor of an operator's Binding (aclnn_iree.ops): its kernel loaded and its
+    workspace sized for these very tensors; no kernel for an all-zero or empty result."""
+    if binding.spec is None:
+        return aclOpExecutor(op, device, zero_fill=binding.zero_fill)
+    kernel = _load_kernel(device, binding.spec, binding.function)
+    views = [t.view for t in binding.tensors]
+    return aclOpExecutor(op, device, kernel, views, _workspace_size(kernel, views), tensors=binding.tensors)
+
+
 def _workspace_size(kernel, views) -> int:
     try:
         return kernel.workspace_size(views)
@@ -562,10 +571,6 @@ def aclrtCtxGetSysParamOpt(opt):
 
 
 # ----------------------------------------------------------------------------- grid sampler
-GRID_SAMPLER_OP = "aclnnGridSampler2DBackward"
-UPSAMPLE_OP = "aclnnUpsampleBilinear2dBackwardV2"
-
-
 @_phase1
 def aclnnGridSampler2DBackwardGetWorkspaceSize(gradOutput, input, grid, interpolationMode, paddingMode,
                                                 alignCorners, outputMask, inputGrad, gridGrad):
@@ -582,23 +587,14 @@ def aclnnGridSampler2DBackwardGetWorkspaceSize(gradOutput, input, grid, interpol
     argument, 161002 for an invalid one (checked in aclnn's order), 561xxx when
     no kernel can be loaded.
     """
-    mask = V.check_grid_sampler(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners,
-                                outputMask, inputGrad, gridGrad)
+    mask = grid_sampler.check(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, outputMask,
+                              inputGrad, gridGrad)
     dev = input.device
     _check_usable(dev)
-    outputs = [t for t, m in zip((inputGrad, gridGrad), mask) if m]
-    if not outputs:
-        return aclOpExecutor(GRID_SAMPLER_OP, dev)
-    if gradOutput.size == 0 or input.size == 0 or grid.size == 0:
-        return aclOpExecutor(GRID_SAMPLER_OP, dev, zero_fill=outputs)
-    spec = GridSamplerSpec(V.INTERPOLATION_NAMES[interpolationMode], V.PADDING_NAMES[paddingMode],
-                           bool(alignCorners), input.dtype.name)
     deterministic = bool(current_context().options[ACL_OPT_DETERMINISTIC])
-    kernel = _load_kernel(dev, spec, spec.function_name(mask, deterministic, target_for_driver(dev.name),
-                                                        channels=input.shape[1]))
-    views = [gradOutput.view, input.view, grid.view] + [t.view for t in outputs]
-    keep = (gradOutput, input, grid, *outputs)
-    return aclOpExecutor(GRID_SAMPLER_OP, dev, kernel, views, _workspace_size(kernel, views), tensors=keep)
+    return _executor(grid_sampler.ACLNN_NAME, dev, grid_sampler.bind(
+        gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, mask, inputGrad, gridGrad,
+        target_for_driver(dev.name), deterministic))
 
 
 @_status_call()
@@ -610,7 +606,7 @@ def aclnnGridSampler2DBackward(workspace, workspaceSize, executor, stream) -> in
     a missing/too-small workspace (161001/161002), a used-up or destroyed
     executor (561102), a wrong stream (161002).
     """
-    return _run(GRID_SAMPLER_OP, workspace, workspaceSize, executor, stream)
+    return _run(grid_sampler.ACLNN_NAME, workspace, workspaceSize, executor, stream)
 
 
 # ----------------------------------------------------------------------------- upsample
@@ -628,21 +624,13 @@ def aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(gradOut, outputSize, input
     Semantics: PyTorch 2.13 upsample_bilinear2d_backward.  Returns (status,
     workspaceSize in bytes, executor).
     """
-    layout, (rh, rw) = V.check_upsample(gradOut, outputSize, inputSize, alignCorners, scalesH, scalesW, out)
+    layout, scales = upsample.check(gradOut, outputSize, inputSize, alignCorners, scalesH, scalesW, out)
     dev = gradOut.device
     _check_usable(dev)
-    if gradOut.size == 0 or out.size == 0:
-        return aclOpExecutor(UPSAMPLE_OP, dev, zero_fill=[out])
-    spec = UpsampleSpec(bool(alignCorners), gradOut.dtype.name, layout)
-    kernel = _load_kernel(dev, spec, spec.function_name())
-    compute = np.float64 if gradOut.dtype == np.float64 else np.float32
-    scales = tensor_over(dev, np.array([rh, rw], compute), "ND")
-    views = [gradOut.view, scales.view, out.view]
-    return aclOpExecutor(UPSAMPLE_OP, dev, kernel, views, _workspace_size(kernel, views),
-                         tensors=(gradOut, scales, out))
+    return _executor(upsample.ACLNN_NAME, dev, upsample.bind(gradOut, alignCorners, out, layout, scales))
 
 
 @_status_call()
 def aclnnUpsampleBilinear2dBackwardV2(workspace, workspaceSize, executor, stream) -> int:
     """Phase 2 of aclnnUpsampleBilinear2dBackwardV2 (same contract as aclnnGridSampler2DBackward)."""
-    return _run(UPSAMPLE_OP, workspace, workspaceSize, executor, stream)
+    return _run(upsample.ACLNN_NAME, workspace, workspaceSize, executor, stream)

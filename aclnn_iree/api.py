@@ -15,7 +15,7 @@ from . import aclnn as A
 from .runtime.device import on_fork_in_child
 from .errors import ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_PARAM_NULLPTR, ACLNN_SUCCESS, AclnnError
 from .tensors import aclTensor, descriptor, empty_aligned, tensor_over
-from .validation import INTERPOLATION_NAMES, PADDING_NAMES
+from .ops.grid_sampler import INTERPOLATION_NAMES, PADDING_NAMES
 
 __all__ = ["grid_sampler_2d_backward", "upsample_bilinear2d_backward", "thread_stream", "run_grid_sampler",
            "run_upsample"]

@@ -1,0 +1,111 @@
+"""aclnnUpsampleBilinear2dBackwardV2: the gradient of bilinear 2-D up- (or down-)sampling.
+
+Semantics: PyTorch 2.13 upsample_bilinear2d_backward (shared/SPEC.md part A 5); the checks
+and their order: SPEC part B 3.2.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..compiler.specs import UpsampleSpec
+from ..errors import ACLNN_ERR_PARAM_INVALID as INVALID
+from ..errors import ACLNN_ERR_PARAM_NULLPTR as NULLPTR
+from ..errors import brief
+from ..tensors import aclIntArray, tensor_over
+from ..validation import bool_attr, fail, no_alias, rank, same_device, scale_arg, supported_dtype, tensor_arg
+from . import Binding
+
+__all__ = ["ACLNN_NAME", "check", "bind", "upsample_scale"]
+
+ACLNN_NAME = "aclnnUpsampleBilinear2dBackwardV2"
+
+
+def upsample_scale(in_size: int, out_size: int, align_corners: bool, scale: float, dtype) -> float:
+    """PyTorch 2.13's source-index scale for one axis, rounded to the op-math type `dtype`.
+
+    An axis that is not resized maps identically (scale 1); align_corners uses
+    (in-1)/(out-1), or 0 for out == 1; otherwise 1/scale for a given scale > 0,
+    else in/out (area_pixel_compute_scale, aten/src/ATen/native/UpSample.h).
+    """
+    if in_size == out_size:
+        return 1.0
+    if align_corners:
+        return float(dtype(in_size - 1) / dtype(out_size - 1)) if out_size > 1 else 0.0
+    if scale is not None and scale > 0:
+        return float(dtype(1.0 / scale))  # 1/scale in double, then rounded (compute_scales_value)
+    return float(dtype(in_size) / dtype(out_size))
+
+
+def check(gradOut, outputSize, inputSize, alignCorners, scalesH, scalesW, out) -> tuple:
+    """Checks aclnnUpsampleBilinear2dBackwardV2's arguments in aclnn's order (SPEC part B 3.2);
+    returns (layout, (rh, rw)): "NCHW" or "NHWC" and the per-axis source scales in the op-math
+    type.  Raises AclnnError: 161001 for a None or destroyed argument, 161002 for an invalid one."""
+    tensor_arg("gradOut", gradOut)
+    for name, arr in (("outputSize", outputSize), ("inputSize", inputSize)):
+        if arr is None:
+            fail(NULLPTR, f"{name} is None")
+    tensor_arg("out", out)
+    for name, arr in (("outputSize", outputSize), ("inputSize", inputSize)):
+        if not isinstance(arr, aclIntArray) or arr.destroyed:
+            fail(INVALID, f"{name} must be a live aclIntArray, got {brief(arr)}")
+    same_device([("gradOut", gradOut), ("out", out)])
+    rank("gradOut", gradOut, 4)
+    if inputSize.size != 4:
+        fail(INVALID, f"inputSize must have 4 entries, got {inputSize.size}")
+    if outputSize.size != 2:
+        fail(INVALID, f"outputSize must have 2 entries, got {outputSize.size}")
+    if out.format not in ("NCHW", "NHWC"):
+        fail(INVALID, f"out has format {out.format}; expected NCHW or NHWC")
+    if gradOut.format not in ("NCHW", "NHWC"):
+        fail(INVALID, f"gradOut has format {gradOut.format}; expected NCHW or NHWC")
+    if out.format != gradOut.format:
+        fail(INVALID, f"out has format {out.format} but gradOut has {gradOut.format}")
+    nhwc = gradOut.format == "NHWC"
+    if nhwc:
+        N, H, W, C = inputSize.values
+    else:
+        N, C, H, W = inputSize.values
+    Ho, Wo = outputSize.values
+    if H <= 0 or W <= 0:
+        fail(INVALID, f"inputSize H and W must be > 0, got {inputSize.values}")
+    if Ho <= 0 or Wo <= 0:
+        fail(INVALID, f"outputSize must be > 0, got {outputSize.values}")
+    if N < 0 or C < 0:
+        fail(INVALID, f"inputSize N and C must be >= 0, got {inputSize.values}")
+    expected = (N, Ho, Wo, C) if nhwc else (N, C, Ho, Wo)
+    if gradOut.shape != expected:
+        fail(INVALID, f"gradOut has shape {gradOut.shape}; expected {expected} from inputSize {inputSize.values} "
+                       f"and outputSize {outputSize.values} ({gradOut.format})")
+    if out.dtype != gradOut.dtype:
+        fail(INVALID, f"out has dtype {out.dtype.name} but gradOut has dtype {gradOut.dtype.name}; "
+                       "all tensors of one call share one dtype")
+    supported_dtype("gradOut", gradOut)
+    expected_out = (N, H, W, C) if nhwc else (N, C, H, W)
+    if out.shape != expected_out:
+        fail(INVALID, f"out has shape {out.shape}; expected the grad-input shape {expected_out} ({out.format})")
+    bool_attr("alignCorners", alignCorners)
+    no_alias((("out", out),), (("gradOut", gradOut),))
+    sh = scale_arg("scalesH", scalesH)
+    sw = scale_arg("scalesW", scalesW)
+    # A given scale must agree with the sizes (SPEC part A 5), never be silently ignored.
+    for name, s, i, o in (("scalesH", sh, H, Ho), ("scalesW", sw, W, Wo)):
+        if s > 0 and o != math.floor(i * s):
+            fail(INVALID, f"{name}={s} is inconsistent with the sizes: output {o} != floor({i} * {s}) = "
+                           f"{math.floor(i * s)}")
+    dtype = np.float64 if gradOut.dtype == np.float64 else np.float32
+    return ("NHWC" if nhwc else "NCHW"), (upsample_scale(H, Ho, bool(alignCorners), sh, dtype),
+                                          upsample_scale(W, Wo, bool(alignCorners), sw, dtype))
+
+
+def bind(gradOut, alignCorners, out, layout: str, scales) -> Binding:
+    """The call for checked arguments (check() gives `layout` and `scales`, the per-axis
+    (rh, rw)): the function takes gradOut, the scales as a device tensor in the op-math type,
+    then out."""
+    if gradOut.size == 0 or out.size == 0:
+        return Binding(zero_fill=(out,))
+    spec = UpsampleSpec(bool(alignCorners), gradOut.dtype.name, layout)
+    compute = np.float64 if gradOut.dtype == np.float64 else np.float32
+    scales = tensor_over(gradOut.device, np.array(scales, compute), "ND")
+    return Binding(spec, spec.function_name(), (gradOut, scales, out))
