@@ -15,7 +15,7 @@ import ml_dtypes
 import numpy as np
 
 __all__ = [
-    "DTypeInfo", "DTYPES", "GridSamplerSpec", "UpsampleSpec", "Spec",
+    "DTypeInfo", "DTYPES", "KernelSpec", "GridSamplerSpec", "UpsampleSpec", "Spec",
     "INTERPOLATION_MODES", "PADDING_MODES", "LAYOUTS", "all_specs", "dtype_info",
 ]
 
@@ -84,8 +84,29 @@ def dtype_info(dtype) -> DTypeInfo:
         raise KeyError(f"dtype {name} is not supported; supported: {', '.join(DTYPES)}") from None
 
 
+class KernelSpec:
+    """What every specialisation shares; each operator's frozen dataclass below adds its own
+    fields (at least `align_corners` and `dtype`) and the class attributes `op` (its name in
+    kernel names) and `template` (its template family's root file)."""
+
+    def _validate_dtype(self):
+        dtype_info(self.dtype)
+
+    def _name(self, *parts) -> str:
+        """`<op>_<parts>_ac0|ac1_<dtype>`: every specialisation parameter is in the name."""
+        ac = "ac1" if self.align_corners else "ac0"
+        return "_".join((self.op, *parts, ac, DTYPES[self.dtype].short))
+
+    def _common_params(self, target) -> dict:
+        """Template parameters every family takes (target None: a CPU target)."""
+        d = DTYPES[self.dtype]
+        return dict(kernel_name=self.kernel_name, align_corners=self.align_corners, storage_type=d.storage,
+                    compute_type=d.compute, gpu=target is not None and target.is_gpu,
+                    gpu_workgroup=GPU_WORKGROUP_SIZE)
+
+
 @dataclasses.dataclass(frozen=True)
-class GridSamplerSpec:
+class GridSamplerSpec(KernelSpec):
     """One specialisation of grid_sampler_2d_backward.
 
     The module exports three functions, one per outputMask that computes
@@ -105,12 +126,11 @@ class GridSamplerSpec:
             raise ValueError(f"interpolation_mode {self.interpolation_mode!r} not in {INTERPOLATION_MODES}")
         if self.padding_mode not in PADDING_MODES:
             raise ValueError(f"padding_mode {self.padding_mode!r} not in {PADDING_MODES}")
-        dtype_info(self.dtype)
+        self._validate_dtype()
 
     @property
     def kernel_name(self) -> str:
-        ac = "ac1" if self.align_corners else "ac0"
-        return f"{self.op}_{self.interpolation_mode}_{self.padding_mode}_{ac}_{DTYPES[self.dtype].short}"
+        return self._name(self.interpolation_mode, self.padding_mode)
 
     def function_name(self, output_mask=(True, True), deterministic: bool = False, target=None,
                       channels=None) -> str:
@@ -145,12 +165,10 @@ class GridSamplerSpec:
     def template_params(self, target=None) -> dict:
         """The template's parameters for `target` (default: a CPU target)."""
         d = DTYPES[self.dtype]
-        gpu = target is not None and target.is_gpu
-        params = dict(kernel_name=self.kernel_name, mode=self.interpolation_mode, padding=self.padding_mode,
-                      align_corners=self.align_corners, storage_type=d.storage, compute_type=d.compute,
-                      accum_type=d.accum, ct_inf_hex=d.compute_inf_hex, channel_block=GRID_DX_CHANNEL_BLOCK,
-                      gpu=gpu, gpu_workgroup=GPU_WORKGROUP_SIZE, gpu_point_chunk=GPU_POINT_CHUNK,
-                      atomic_dx=gpu and d.accum in target.float_atomics)
+        params = self._common_params(target)
+        params.update(mode=self.interpolation_mode, padding=self.padding_mode, accum_type=d.accum,
+                      ct_inf_hex=d.compute_inf_hex, channel_block=GRID_DX_CHANNEL_BLOCK,
+                      gpu_point_chunk=GPU_POINT_CHUNK, atomic_dx=params["gpu"] and d.accum in target.float_atomics)
         if not self.align_corners:  # only (g + 1) * size - 1 takes an fma
             params["fused_fma"] = target is None or target.fused_fma
         if self.interpolation_mode != "nearest":  # nearest has no grid gradient to compute
@@ -159,7 +177,7 @@ class GridSamplerSpec:
 
 
 @dataclasses.dataclass(frozen=True)
-class UpsampleSpec:
+class UpsampleSpec(KernelSpec):
     """One specialisation of upsample_bilinear2d_backward (aclnn V2).
 
     The module exports one function, `<kernel>`.
@@ -175,15 +193,14 @@ class UpsampleSpec:
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"layout {self.layout!r} not in {LAYOUTS}")
-        dtype_info(self.dtype)
+        self._validate_dtype()
 
     @property
     def kernel_name(self) -> str:
-        ac = "ac1" if self.align_corners else "ac0"
-        return f"{self.op}_{self.layout.lower()}_{ac}_{DTYPES[self.dtype].short}"
+        return self._name(self.layout.lower())
 
-    def function_name(self, output_mask=None, deterministic: bool = False, target=None) -> str:
-        """The exported function (a gather: deterministic on every target)."""
+    def function_name(self) -> str:
+        """The one exported function (a gather: deterministic on every target, all outputs)."""
         return self.kernel_name
 
     def function_names(self, target=None) -> tuple:
@@ -191,11 +208,9 @@ class UpsampleSpec:
 
     def template_params(self, target=None) -> dict:
         """The template's parameters for `target` (default: a CPU target)."""
-        d = DTYPES[self.dtype]
-        params = dict(kernel_name=self.kernel_name, align_corners=self.align_corners, layout=self.layout,
-                      storage_type=d.storage, compute_type=d.compute, vector_width=UPSAMPLE_VECTOR_WIDTH,
-                      gpu=target is not None and target.is_gpu, gpu_workgroup=GPU_WORKGROUP_SIZE,
-                      row_cap=UPSAMPLE_ROW_BYTES // (8 if d.compute == "f64" else 4))
+        params = self._common_params(target)
+        params.update(layout=self.layout, vector_width=UPSAMPLE_VECTOR_WIDTH,
+                      row_cap=UPSAMPLE_ROW_BYTES // (8 if DTYPES[self.dtype].compute == "f64" else 4))
         return params
 
 
