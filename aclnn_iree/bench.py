@@ -29,7 +29,7 @@ from . import aclnn as A
 from .api import grid_sampler_2d_backward, upsample_bilinear2d_backward
 from .runtime.device import Device
 
-__all__ = ["Case", "CASES", "run_bench", "copy_bandwidth", "compulsory_bytes"]
+__all__ = ["CASES", "Case", "alternating_medians", "compulsory_bytes", "copy_bandwidth", "run_bench"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +83,7 @@ PEER_DIFF_WARN = 1e-3
 spreads: dict = {}  # function label -> the largest relative spread of its block medians, per run
 
 
-def _alternating_medians(fns: dict, repeats: int, blocks: int = 3, warmup: int = 2) -> dict:
+def alternating_medians(fns: dict, repeats: int, blocks: int = 3, warmup: int = 2) -> dict:
     """Median seconds of each function over `repeats` runs, taken in `blocks` alternating blocks
     (A A A, B B B, A A A, ...), so that drifts of a shared machine's speed reach every candidate.
     Blocks rather than single alternating runs: PyTorch's OpenMP workers keep spinning for a
@@ -257,7 +257,7 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None) -> dict:
         fns["torch"] = _torch_fn(case, arrays, torch, cuda=on_cuda)
         peer_diff = _max_rel_diff(first, fns["torch"](), case.layout)  # same numbers before timing
     spreads.clear()
-    t = _alternating_medians(fns, repeats)
+    t = alternating_medians(fns, repeats)
     noisy = {k: v for k, v in spreads.items() if v > BUSY_SPREAD}
     largest = max(a.nbytes for a in arrays)
     row = {"case": case.name, "op": case.op, "layout": case.layout, "workspace_bytes": ws,

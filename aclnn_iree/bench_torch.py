@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .bench import CASES, QUICK, _alternating_medians
+from .bench import CASES, QUICK, alternating_medians
 
 __all__ = ["run_torch_bench", "custom_op_overhead_us"]
 
@@ -77,7 +77,7 @@ def custom_op_overhead_us(torch, repeats: int = 200, blocks: int = 10) -> dict:
     try:
         fns = {"op": lambda: op(x, x, g, 0, 0, False, [True, True]),
                "pythonic": lambda: api.grid_sampler_2d_backward(xn, xn, gn, device="local-sync")}
-        best = {k: min(_alternating_medians({k: f}, repeats, blocks=1, warmup=20)[k] for _ in range(blocks))
+        best = {k: min(alternating_medians({k: f}, repeats, blocks=1, warmup=20)[k] for _ in range(blocks))
                 for k, f in fns.items()}
     finally:
         _bridge.set_cpu_device(before)
@@ -110,7 +110,7 @@ def run_torch_bench(quick=False, threads=2, repeats=10, out=print) -> dict:
             for a, b in zip(fn(), ref):
                 np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-3, atol=1e-3 * float(b.abs().max()),
                                            err_msg=f"{case.name}: {name} computes other gradients")
-        t = _alternating_medians(steps, repeats)
+        t = alternating_medians(steps, repeats)
         best_ours = min(t["ours"], t["ours_compiled"])
         row = {"case": case.name, **{f"{k}_ms": 1e3 * v for k, v in t.items()},
                "ratio_eager": t["eager"] / best_ours, "ratio_compiled": t["compiled"] / best_ours}
