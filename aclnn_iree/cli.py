@@ -125,6 +125,8 @@ def _cmd_build(args) -> int:
             print("  " + ln, file=sys.stderr)
     print(f"\nsummary: compiled {res.compiled}, reused {res.reused}, failed {len(res.failed)} "
           f"of {total} in {res.seconds:.1f} s")
+    for kernel, function, nbytes in res.spills:
+        print(f"note: ptxas: cuda/{kernel} @{function} spills {nbytes} bytes of registers (see its manifest entry)")
     if res.compiled == 0 and not res.failed:
         print(f"nothing to compile: all {total} artifact(s) are up to date in {out}")
     if res.failed:

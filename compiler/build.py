@@ -31,7 +31,7 @@ import filelock
 from .compile import compile_file, compiler_build, compiler_version, require_compiler
 from .files import atomic_write, os_error_text, remove_stale_temporaries
 from .key import artifact_key, host_cpu, sha256_hex
-from .reflect import module_exports
+from .reflect import module_exports, ptxas_report
 from .render import render, template_source
 
 __all__ = ["ArtifactStore", "BuildResult", "target_folder"]
@@ -61,12 +61,14 @@ def target_folder(target) -> str:
 
 @dataclasses.dataclass
 class BuildResult:
-    """Outcome of one build: counts, failures as (kernel_name, target, message), seconds."""
+    """Outcome of one build: counts, failures as (kernel_name, target, message), seconds, and
+    CUDA kernels that ptxas says spill registers, as (kernel_name, function, spill bytes)."""
 
     compiled: int = 0
     reused: int = 0
     failed: list = dataclasses.field(default_factory=list)
     seconds: float = 0.0
+    spills: list = dataclasses.field(default_factory=list)
 
 
 class ArtifactStore:
@@ -232,6 +234,10 @@ class ArtifactStore:
             "compile_seconds": round(compile_seconds, 3),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+        if target.name == "cuda":
+            report = ptxas_report(vmfb, target.arch)
+            if report is not None:  # where NVIDIA's assembler is installed
+                entry["ptxas"] = report
         if target.name == "llvm-cpu":
             entry["target_cpu"] = target.arch
             if target.arch == "host":
@@ -268,25 +274,28 @@ class ArtifactStore:
             require_compiler()  # say it once, not once per module
 
         def work(item):
+            """(failure or None, manifest entry or None) of one compile."""
             s, t = item
             try:
-                self.build_one(s, t)
-                return None
+                return None, self.build_one(s, t)[1]
             except CompileError as e:
-                return (s.kernel_name, t.name, f"command: {shlex.join(e.command)}\n{e.stderr.strip()}")
-            except Exception as e:  # a template that does not render, an unreadable module: report, go on
-                return (s.kernel_name, t.name, f"{type(e).__name__}: {e}")
+                return (s.kernel_name, t.name, f"command: {shlex.join(e.command)}\n{e.stderr.strip()}"), None
+            except Exception as e:  # a template that does not render, ptxas rejecting PTX: report, go on
+                return (s.kernel_name, t.name, f"{type(e).__name__}: {e}"), None
 
         bar = None
         if progress and todo:
             from tqdm import tqdm
             bar = tqdm(total=len(todo), desc="compiling", unit="module")
         with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as ex:
-            for failure in ex.map(work, todo):
+            for failure, entry in ex.map(work, todo):
                 if failure:
                     res.failed.append(failure)
-                else:
-                    res.compiled += 1
+                    continue
+                res.compiled += 1
+                ptxas = entry.get("ptxas") or {}
+                res.spills += [(entry["kernel_name"], name, ptxas["kernels"][name]["spill_store_bytes"])
+                               for name in ptxas.get("spills", [])]
                 if bar:
                     bar.update(1)
         if bar:
