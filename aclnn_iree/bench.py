@@ -5,7 +5,10 @@ For each named case (same data, same thread count):
   workspace allocated once; launch + synchronize;
 - the end-to-end Pythonic call (NumPy in, NumPy out);
 - PyTorch's `torch.ops.aten.*_backward` (channels_last for NHWC cases), when
-  torch is installed;
+  torch is installed; with `peers`, also torch.compile and JAX (bench_peers), and the
+  ratio to the fastest peer of each case;
+- before timing, every peer's largest difference from our result (a warning above
+  PEER_DIFF_WARN: such a peer computes something else and is never the fastest);
 - both ratios (PyTorch time / ours: > 1 means we are faster), the effective
   bandwidth (compulsory bytes / phase-2 time, GB/s) and its share of the copy
   bandwidth measured in the same run, and the workspace in bytes and as a share of the
@@ -223,26 +226,44 @@ def _torch_fn(case: Case, arrays, torch, cuda: bool = False):
 
 
 def _max_rel_diff(ours, theirs, layout: str) -> float:
-    """Largest |ours - PyTorch's| over the largest |PyTorch's|, over all outputs (PyTorch's
-    NHWC result is an NCHW-shaped view of channels_last memory: always transposed, since a
-    shape comparison cannot tell N×C×H×W from N×H×W×C when H = W = C)."""
+    """Largest |ours - a peer's| over the largest |peer's|, over all outputs.  A PyTorch
+    tensor's NHWC result is an NCHW-shaped view of channels_last memory: always transposed,
+    since a shape comparison cannot tell N×C×H×W from N×H×W×C when H = W = C; other peers
+    (NumPy, JAX arrays) come in our layout."""
     worst = 0.0
     theirs = theirs if isinstance(theirs, (tuple, list)) else (theirs,)
     for a, t in zip(ours, theirs):
-        b = t.detach().cpu().numpy()
-        if layout == "NHWC":
+        from_torch = hasattr(t, "detach")
+        b = t.detach().cpu().numpy() if from_torch else np.asarray(t)
+        if layout == "NHWC" and from_torch:
             b = b.transpose(0, 2, 3, 1)
         scale = max(float(np.abs(b).max()), np.finfo(np.float32).tiny)
         worst = max(worst, float(np.abs(a.astype(np.float64) - b).max()) / scale)
     return worst
 
 
+def _usable_peers(out) -> tuple:
+    """The peers of bench_peers that are installed here; says which are not and why."""
+    from .bench_peers import available_peers
+    from .install import install_command
+    names = []
+    for peer, why in available_peers().items():
+        if why is None:
+            names.append(peer)
+        else:
+            out(f"peer {peer} left out: {why} ({install_command('bench')} adds it)")
+    return tuple(names)
+
+
 def _device_name(device) -> str:
     return device if isinstance(device, str) else device.name
 
 
-def run_case(case: Case, device, repeats: int, torch=None, rng=None) -> dict:
-    """Times one case; returns a row of the results table."""
+def run_case(case: Case, device, repeats: int, torch=None, rng=None, peers=()) -> dict:
+    """Times one case beside PyTorch eager (`torch`, the module, when given) and the other
+    `peers` (bench_peers.PEERS); returns (a row of the results table, our outputs).  Every
+    peer's numbers are compared with ours before timing; one that differs by more than
+    PEER_DIFF_WARN is timed but never the fastest peer."""
     rng = rng or np.random.default_rng(0)
     arrays = _inputs(case, rng)
     run, ws, outs = _phase2(case, arrays, device)
@@ -256,6 +277,13 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None) -> dict:
         on_cuda = _device_name(device).startswith("cuda") and torch.cuda.is_available()
         fns["torch"] = _torch_fn(case, arrays, torch, cuda=on_cuda)
         peer_diff = _max_rel_diff(first, fns["torch"](), case.layout)  # same numbers before timing
+    peer_diffs = {}
+    for peer in peers:
+        from .bench_peers import peer_function
+        fn = peer_function(peer, case, arrays)
+        if fn is not None:
+            fns[peer] = fn
+            peer_diffs[peer] = _max_rel_diff(first, fn(), case.layout)
     spreads.clear()
     t = alternating_medians(fns, repeats)
     noisy = {k: v for k, v in spreads.items() if v > BUSY_SPREAD}
@@ -267,6 +295,15 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None) -> dict:
     if torch is not None:
         row.update(torch_ms=1e3 * t["torch"], ratio_phase2=t["torch"] / t["phase2"], ratio_e2e=t["torch"] / t["e2e"],
                    torch_device="cuda" if on_cuda else "cpu", torch_max_rel_diff=peer_diff)
+    for peer in peers:
+        row[f"{peer}_ms"] = 1e3 * t[peer] if peer in t else None
+        row[f"{peer}_max_rel_diff"] = peer_diffs.get(peer)
+    if peers:
+        same = {k: t[k] for k in ("torch", *peers) if k in t
+                and (row.get("torch_max_rel_diff") if k == "torch" else peer_diffs[k]) <= PEER_DIFF_WARN}
+        if same:
+            best = min(same, key=same.get)
+            row.update(fastest_peer=best, ratio_fastest_e2e=same[best] / t["e2e"])
     row["unsteady"] = noisy  # measurements whose block medians moved more than BUSY_SPREAD
     return row, first
 
@@ -315,8 +352,10 @@ def tiny_overhead(device, repeats: int = 200) -> float:
 
 
 def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10, json_path=None,
-              compile=True, out=print) -> dict:
-    """Runs the suite and prints the table; returns all results (also written to `json_path`)."""
+              compile=True, out=print, peers=False) -> dict:
+    """Runs the suite and prints the table; returns all results (also written to `json_path`).
+    `peers`: also torch.compile and JAX where installed (bench_peers), with the ratio to the
+    fastest peer that computes our numbers."""
     try:
         import torch
         torch.set_num_threads(threads)
@@ -332,21 +371,30 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
     bw = copy_bandwidth()
     out(f"device {device}, {threads} threads; NumPy copy bandwidth {bw:.1f} GB/s; medians of {repeats} runs, "
         "ours and PyTorch's in alternating blocks")
+    peer_names = _usable_peers(out) if peers else ()
     rows = []
     hdr = (f"{'case':40s} {'phase2 ms':>9s} {'e2e ms':>8s} {'torch ms':>9s} {'x p2':>6s} {'x e2e':>6s} "
            f"{'GB/s':>6s} {'%copy':>6s} {'ws B':>9s} {'ws/in':>6s}")
+    hdr += "".join(f" {p + ' ms':>10s}" for p in peer_names) + (f" {'fastest':>8s} {'x best':>6s}" if peers else "")
     out(hdr)
+    nan = float("nan")
     for case in cases:
-        row, _ = run_case(case, dev, repeats, torch)
+        row, _ = run_case(case, dev, repeats, torch, peers=peer_names)
         row["share_of_copy"] = row["gbps"] / bw
         rows.append(row)
-        out(f"{case.name:40s} {row['phase2_ms']:9.2f} {row['e2e_ms']:8.2f} {row.get('torch_ms', float('nan')):9.2f} "
-            f"{row.get('ratio_phase2', float('nan')):6.2f} {row.get('ratio_e2e', float('nan')):6.2f} "
-            f"{row['gbps']:6.2f} {100 * row['share_of_copy']:5.1f}% {row['workspace_bytes']:9d} "
-            f"{row['workspace_over_largest_input']:6.2f}")
-        if row.get("torch_max_rel_diff", 0.0) > PEER_DIFF_WARN:
-            out(f"  warning: PyTorch's result differs from ours by {row['torch_max_rel_diff']:.1e} of its largest "
-                "value: the ratio compares different computations")
+        line = (f"{case.name:40s} {row['phase2_ms']:9.2f} {row['e2e_ms']:8.2f} {row.get('torch_ms', nan):9.2f} "
+                f"{row.get('ratio_phase2', nan):6.2f} {row.get('ratio_e2e', nan):6.2f} "
+                f"{row['gbps']:6.2f} {100 * row['share_of_copy']:5.1f}% {row['workspace_bytes']:9d} "
+                f"{row['workspace_over_largest_input']:6.2f}")
+        line += "".join(f" {row[p + '_ms']:10.2f}" if row[p + "_ms"] is not None else f" {'n/a':>10s}"
+                        for p in peer_names)
+        if peers:
+            line += f" {row.get('fastest_peer', '-'):>8s} {row.get('ratio_fastest_e2e', nan):6.2f}"
+        out(line)
+        for who, key in [("PyTorch", "torch_max_rel_diff")] + [(p, p + "_max_rel_diff") for p in peer_names]:
+            if (row.get(key) or 0.0) > PEER_DIFF_WARN:
+                out(f"  warning: {who}'s result differs from ours by {row[key]:.1e} of its largest value: "
+                    "the ratio compares different computations")
         for what, spread in row["unsteady"].items():
             out(f"  warning: {what} times moved {100 * spread:.0f} % between blocks (the machine looks busy)")
     result = {"device": device, "threads": threads, "copy_gbps": bw, "cases": rows}
@@ -355,6 +403,19 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
         result["geomean_ratio_phase2"] = math.exp(np.mean([math.log(r["ratio_phase2"]) for r in rows]))
         out(f"geometric mean speed-up vs PyTorch: end to end {result['geomean_ratio_e2e']:.2f}x, "
             f"phase 2 {result['geomean_ratio_phase2']:.2f}x")
+    for peer in peer_names:
+        ratios = [r[peer + "_ms"] / r["e2e_ms"] for r in rows
+                  if r[peer + "_ms"] is not None and r[peer + "_max_rel_diff"] <= PEER_DIFF_WARN]
+        if ratios:
+            g = math.exp(np.mean(np.log(ratios)))
+            result[f"geomean_ratio_{peer}_e2e"] = g
+            out(f"geometric mean speed-up vs {peer}: end to end {g:.2f}x over its {len(ratios)} case(s)")
+    if peer_names:
+        best = [r["ratio_fastest_e2e"] for r in rows if "ratio_fastest_e2e" in r]
+        result["min_ratio_fastest_e2e"] = min(best) if best else None
+        if best:
+            out(f"against the fastest peer of each case: at least {min(best):.2f}x, geometric mean "
+                f"{math.exp(np.mean(np.log(best))):.2f}x (jax's grid sampler times include its forward)")
     if is_cpu and threads > 1:
         # IREE reads the worker count once per process: each count runs in a child process,
         # three of each in alternation (one child's median can land in a slow spell of

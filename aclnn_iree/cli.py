@@ -211,7 +211,7 @@ def _cmd_bench(args) -> int:
     ops = [{"grid_sampler_2d_backward": "grid", "upsample_bilinear2d_backward": "upsample"}[o]
            for o in (args.op or [])]
     run_bench(quick=args.quick, threads=args.threads, device=args.device, ops=ops or None,
-              repeats=args.repeats, json_path=args.json, compile=not args.no_compile)
+              repeats=args.repeats, json_path=args.json, compile=not args.no_compile, peers=args.peers)
     return 0
 
 
@@ -290,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "through aclnn_iree.torch beside PyTorch eager and torch.compile")
     bn.add_argument("--repeats", type=int, default=10, help="timed runs per measurement (median; default 10)")
     bn.add_argument("--no-compile", action="store_true", help="skip the compile-time measurements")
+    bn.add_argument("--peers", action="store_true",
+                    help="also time torch.compile (inductor's compiled backward) and JAX (jit of linear_transpose "
+                         "or vjp) where installed, with the ratio to the fastest peer of each case")
     bn.set_defaults(func=_cmd_bench)
     return p
 

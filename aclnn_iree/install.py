@@ -22,5 +22,5 @@ def source_checkout():
 
 
 def install_command(extra: str) -> str:
-    """The pip command that adds `extra` ("test", "demo", "torch") to this installation."""
+    """The pip command that adds `extra` ("test", "demo", "torch", "bench") to this installation."""
     return f"pip install -e '.[{extra}]'" if source_checkout() else f"pip install 'aclnn-iree[{extra}]'"

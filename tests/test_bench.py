@@ -26,3 +26,26 @@ def test_each_row_says_how_far_pytorch_is_from_ours(case):
     planted = [o.copy() for o in ours]
     planted[0].flat[3] += 0.01 * np.abs(planted[0]).max()
     assert bench._max_rel_diff(planted, theirs, case.layout) > bench.PEER_DIFF_WARN
+
+
+def test_peers_compute_our_numbers_and_the_fastest_is_among_them(monkeypatch):
+    """torch.compile (and JAX where installed) are timed beside us after their numbers are
+    checked; a peer that computes something else is timed but never the fastest."""
+    from aclnn_iree import bench_peers
+    peers = tuple(p for p, why in bench_peers.available_peers().items() if why is None)
+    assert "compile" in peers  # torch is installed here
+    case = SMALL[0]
+    row, _ = bench.run_case(case, "local-task", repeats=1, torch=torch, peers=peers)
+    for p in peers:
+        assert row[p + "_ms"] > 0 and row[p + "_max_rel_diff"] < bench.PEER_DIFF_WARN, p
+    assert row["fastest_peer"] in ("torch",) + peers and row["ratio_fastest_e2e"] > 0
+    # A peer with wrong numbers (and an impossible speed) is reported, never the fastest.
+    real = bench_peers.peer_function
+
+    def wrong(peer, case, arrays):
+        fn = real(peer, case, arrays)
+        return lambda: tuple(2 * t.detach() for t in fn())
+    monkeypatch.setattr(bench_peers, "peer_function", wrong)
+    row, _ = bench.run_case(case, "local-task", repeats=1, torch=torch, peers=("compile",))
+    assert row["compile_max_rel_diff"] > bench.PEER_DIFF_WARN
+    assert row["fastest_peer"] == "torch"
