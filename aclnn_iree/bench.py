@@ -273,14 +273,14 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None, peers=()) -
     deterministic = all(np.array_equal(a, o.numpy()) for a, o in zip(first, outs))
     fns = {"phase2": run, "e2e": _pythonic(case, arrays, device)}
     peer_diff = None
+    on_cuda = torch is not None and _device_name(device).startswith("cuda") and torch.cuda.is_available()
     if torch is not None:
-        on_cuda = _device_name(device).startswith("cuda") and torch.cuda.is_available()
         fns["torch"] = _torch_fn(case, arrays, torch, cuda=on_cuda)
         peer_diff = _max_rel_diff(first, fns["torch"](), case.layout)  # same numbers before timing
     peer_diffs = {}
     for peer in peers:
         from .bench_peers import peer_function
-        fn = peer_function(peer, case, arrays)
+        fn = peer_function(peer, case, arrays, cuda=on_cuda)
         if fn is not None:
             fns[peer] = fn
             peer_diffs[peer] = _max_rel_diff(first, fn(), case.layout)

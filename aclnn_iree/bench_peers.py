@@ -42,18 +42,20 @@ def available_peers() -> dict:
     return why
 
 
-def peer_function(peer: str, case, arrays):
+def peer_function(peer: str, case, arrays, cuda: bool = False):
     """A no-argument function computing `case`'s gradients (a tuple, in our output order;
     NHWC upsample results as PyTorch's NCHW-shaped channels_last view or as NHWC arrays)
-    with `peer`, or None when the peer has no form of this case."""
+    with `peer`, or None when the peer has no form of this case.  `cuda`: torch.compile
+    runs on CUDA tensors (synchronised, so the time is the kernels'); JAX runs on its
+    default backend."""
     if peer == "compile":
-        return _torch_compile(case, arrays)
+        return _torch_compile(case, arrays, cuda)
     if peer == "jax":
         return _jax(case, arrays)
     raise ValueError(f"unknown peer {peer!r}; known: {', '.join(PEERS)}")
 
 
-def _torch_compile(case, arrays):
+def _torch_compile(case, arrays, cuda: bool = False):
     import torch
     import torch.nn.functional as F
     # The timed backward runs many times over one kept graph, which buffers donated to the
@@ -61,23 +63,27 @@ def _torch_compile(case, arrays):
     import torch._functorch.config
     torch._functorch.config.donated_buffer = False
     N, C, H, W, Ho, Wo = case.shape
+    dev = "cuda" if cuda else "cpu"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
     if case.op == "grid":
-        go, x, g = (torch.from_numpy(a) for a in arrays)
+        go, x, g = (torch.from_numpy(a).to(dev) for a in arrays)
         inputs = (x.clone().requires_grad_(), g.clone().requires_grad_())
         forward = torch.compile(lambda x, g: F.grid_sample(x, g, mode=_MODES[case.mode],
                                                            padding_mode=_PADDINGS[case.padding],
                                                            align_corners=case.align_corners), dynamic=False)
     else:
-        go = torch.from_numpy(arrays[0])
+        go = torch.from_numpy(arrays[0]).to(dev)
         fmt = torch.contiguous_format
         if case.layout == "NHWC":  # channels_last, as for PyTorch eager
             go, fmt = go.permute(0, 3, 1, 2), torch.channels_last
-        inputs = (torch.zeros(N, C, H, W).contiguous(memory_format=fmt).requires_grad_(),)
+        inputs = (torch.zeros(N, C, H, W, device=dev).contiguous(memory_format=fmt).requires_grad_(),)
         forward = torch.compile(lambda x: F.interpolate(x, size=(Ho, Wo), mode="bilinear",
                                                         align_corners=case.align_corners), dynamic=False)
 
     def backward():
-        return torch.autograd.grad(out, inputs, go, retain_graph=True)
+        grads = torch.autograd.grad(out, inputs, go, retain_graph=True)
+        sync()
+        return grads
     out = forward(*inputs)  # compiles forward and backward; outside the timer
     backward()  # the first call runs the compiled backward's setup
     return backward
