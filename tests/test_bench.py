@@ -42,8 +42,8 @@ def test_peers_compute_our_numbers_and_the_fastest_is_among_them(monkeypatch):
     # A peer with wrong numbers (and an impossible speed) is reported, never the fastest.
     real = bench_peers.peer_function
 
-    def wrong(peer, case, arrays):
-        fn = real(peer, case, arrays)
+    def wrong(peer, case, arrays, cuda=False):
+        fn = real(peer, case, arrays, cuda)
         return lambda: tuple(2 * t.detach() for t in fn())
     monkeypatch.setattr(bench_peers, "peer_function", wrong)
     row, _ = bench.run_case(case, "local-task", repeats=1, torch=torch, peers=("compile",))
