@@ -88,14 +88,17 @@ def _status_call(failure_extra=()):
 
 
 def _object_call(fn):
-    """Decorator for the aclCreate* functions: None (C's nullptr) on failure, message kept."""
+    """Decorator for the aclCreate* functions: None (C's nullptr) on failure, the message kept
+    with its status (an unexpected exception is 161002: the arguments were not usable)."""
     @functools.wraps(fn)
     def inner(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except Exception as e:
+        except AclnnError as e:
             _set_error(str(e))
-            return None
+        except Exception as e:
+            _set_error(str(AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"{fn.__name__}: {type(e).__name__}: {e}")))
+        return None
     return inner
 
 
@@ -173,10 +176,20 @@ def aclDestroyTensor(tensor) -> int:
     return _destroy(tensor, aclTensor)
 
 
+def _values_arg(caller: str, values) -> list:
+    if values is None:
+        raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR, f"{caller}: values is None")
+    try:
+        return list(values)
+    except TypeError:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"{caller}: values must be a sequence, got {brief(values)}") from None
+
+
 @_object_call
 def aclCreateIntArray(values) -> aclIntArray:
-    """An aclIntArray of int64 values (a list/tuple/1-D array of integers); None on failure."""
-    vals = list(values)
+    """An aclIntArray of int64 values (a list/tuple/1-D array of integers); None on failure
+    (161001 for None, 161002 otherwise, with the message in aclGetRecentErrMsg)."""
+    vals = _values_arg("aclCreateIntArray", values)
     for v in vals:
         if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
             raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateIntArray: {brief(v)} is not an integer")
@@ -192,8 +205,9 @@ def aclDestroyIntArray(array) -> int:
 
 @_object_call
 def aclCreateBoolArray(values) -> aclBoolArray:
-    """An aclBoolArray (a list/tuple of bools); None on failure."""
-    vals = list(values)
+    """An aclBoolArray (a list/tuple of bools); None on failure (161001 for None, 161002
+    otherwise, with the message in aclGetRecentErrMsg)."""
+    vals = _values_arg("aclCreateBoolArray", values)
     for v in vals:
         if not isinstance(v, (bool, np.bool_)):
             raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"aclCreateBoolArray: {brief(v)} is not a bool")

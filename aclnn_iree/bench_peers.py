@@ -2,7 +2,7 @@
 
 Each peer computes the same gradients of the same forward on the same data, so that its
 time sits beside ours and PyTorch eager's in one run:
-- "compile": the forward compiled by `torch.compile` (inductor); what is timed is
+- "torch_compile": the forward compiled by `torch.compile` (inductor); what is timed is
   `torch.autograd.grad` through that compiled graph, i.e. inductor's compiled backward (the
   forward runs once, outside the timer);
 - "jax": JAX/XLA.  Upsampling is linear in its input, so its backward is exactly
@@ -21,7 +21,7 @@ import numpy as np
 
 __all__ = ["PEERS", "available_peers", "peer_function"]
 
-PEERS = ("compile", "jax")
+PEERS = ("torch_compile", "jax")
 _MODES = ("bilinear", "nearest", "bicubic")
 _PADDINGS = ("zeros", "border", "reflection")
 
@@ -31,9 +31,9 @@ def available_peers() -> dict:
     why = {}
     try:
         import torch  # noqa: F401
-        why["compile"] = None
+        why["torch_compile"] = None
     except ImportError:
-        why["compile"] = "torch is not installed"
+        why["torch_compile"] = "torch is not installed"
     try:
         import jax  # noqa: F401
         why["jax"] = None
@@ -48,7 +48,7 @@ def peer_function(peer: str, case, arrays, cuda: bool = False):
     with `peer`, or None when the peer has no form of this case.  `cuda`: torch.compile
     runs on CUDA tensors (synchronised, so the time is the kernels'); JAX runs on its
     default backend."""
-    if peer == "compile":
+    if peer == "torch_compile":
         return _torch_compile(case, arrays, cuda)
     if peer == "jax":
         return _jax(case, arrays)

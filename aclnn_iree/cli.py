@@ -45,7 +45,10 @@ def _targets(names, target_cpu, gpu_arch=None):
     from .compiler.targets import get_target
     names = list(dict.fromkeys(names))
     arch = {"llvm-cpu": target_cpu, "vulkan-spirv": gpu_arch, "cuda": gpu_arch}
-    return [get_target(n, arch.get(n) or None) for n in names]
+    try:
+        return [get_target(n, arch.get(n) or None) for n in names]
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -193,14 +196,23 @@ def _cmd_demo(args) -> int:
     return 0
 
 
+# PyTorch crashes (SIGSEGV) on far more threads than this; no machine the bench runs on has more.
+MAX_THREADS = 1024
+
+
 def _cmd_bench(args) -> int:
     from .bench import run_bench
     if args.json:
         args.json = _writable_file(args.json, "benchmark results")
     if args.threads < 1 or args.repeats < 1:
         raise CliError("--threads and --repeats must be at least 1")
+    if args.threads > MAX_THREADS:
+        raise CliError(f"--threads is at most {MAX_THREADS} (this machine has {os.cpu_count()} CPUs)")
     _check_device(args.device)
     if "torch" in (args.op or []):
+        if args.peers or args.device != "local-task":
+            raise CliError("--op torch times training steps on the CPU beside eager and torch.compile already; "
+                           "--peers and --device apply to the kernel cases")
         from .bench_torch import run_torch_bench
         result = run_torch_bench(quick=args.quick, threads=args.threads, repeats=args.repeats)
         if args.json:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 __all__ = ["Target", "TARGETS", "target_for_driver", "get_target", "build_args", "CPU_ARCH_ENV"]
 
@@ -75,11 +76,20 @@ TARGETS = {
 _DRIVER_TO_TARGET = {"local-task": "llvm-cpu", "local-sync": "llvm-cpu", "vulkan": "vulkan-spirv", "cuda": "cuda"}
 
 
+_ARCH_FORMS = {"llvm-cpu": re.compile(r"[A-Za-z0-9_.+-]+"), "vulkan-spirv": re.compile(r"[A-Za-z0-9_.+:,-]+"),
+               "cuda": re.compile(r"sm_[0-9]{2,3}a?")}
+
+
 def get_target(name: str, arch: str | None = None) -> Target:
-    """The target called `name` ("llvm-cpu", "vulkan-spirv", "cuda"), optionally for another arch."""
+    """The target called `name` ("llvm-cpu", "vulkan-spirv", "cuda"), optionally for another
+    arch: a CPU name (x86-64-v3), an IREE Vulkan profile (ampere) or a CUDA sm_NN.  Raises
+    ValueError for an unknown target or an arch of the wrong form."""
     if name not in TARGETS:
         raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
     t = TARGETS[name]
+    if arch and not _ARCH_FORMS[name].fullmatch(arch):
+        raise ValueError(f"{arch!r} is not a {name} architecture (e.g. "
+                         f"{ {'llvm-cpu': 'x86-64-v3', 'vulkan-spirv': 'ampere', 'cuda': 'sm_86'}[name] })")
     return dataclasses.replace(t, arch=arch) if arch else t
 
 

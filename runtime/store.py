@@ -127,19 +127,28 @@ def prepare(specs, device_name: str, jobs: int | None = None, progress: bool = F
 
     Returns the compiler.build.BuildResult: `reused` counts the modules already valid in a
     searched directory, `failed` lists (kernel_name, target, message) for compiles that failed
-    (a later call of that kernel reports the same error).  Offline or without the compiler it
-    compiles nothing and raises ArtifactMissing when any module is missing, naming how many
-    and the `aclnn-iree build` command that makes them.
+    (a later call of that kernel reports the same error); a spec given twice counts once.
+    Offline or without the compiler it compiles nothing and raises ArtifactMissing when any
+    module is missing, naming them and the `aclnn-iree build` command that makes them.
+    Raises ValueError for an unknown device or a `jobs` below 1, TypeError for a device name
+    that is not a string.
     """
     from ..compiler.build import BuildResult
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be an IREE device name such as 'local-task', got {device_name!r}")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise ValueError(f"jobs must be a positive int or None (the CPU count), got {jobs!r}")
     target = target_for_driver(device_name)
     dirs = search_dirs()
-    specs = list(specs)
+    specs = list(dict.fromkeys(specs))  # a spec named twice is one module
     todo = [s for s in specs if not any(ArtifactStore(d).status(s, target) == "ok" for d in dirs)]
     if todo and (is_offline() or not compiler_available()):
         why = "offline mode" if is_offline() else f"iree-base-compiler is not installed ({INSTALL_HINT})"
+        names = ", ".join(s.kernel_name for s in todo[:5]) + (f" and {len(todo) - 5} more" if len(todo) > 5 else "")
+        kernels = " ".join(f"--kernel {s.kernel_name}" for s in todo) if len(todo) <= 5 else ""
         raise ArtifactMissing(f"{why}: {len(todo)} of {len(specs)} modules for {target_folder(target)} are in "
-                              f"none of {', '.join(dirs)}; build them: `aclnn-iree build {build_args(target)}`")
+                              f"none of {', '.join(dirs)}: {names}; build them: "
+                              f"`aclnn-iree build {build_args(target)}{' ' + kernels if kernels else ''}`")
     if not todo:
         return BuildResult(reused=len(specs))
     result = ArtifactStore(dirs[-1]).build(todo, [target], jobs=jobs, progress=progress)

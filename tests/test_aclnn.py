@@ -431,9 +431,7 @@ def test_grid_sampler_output_mask_not_a_bool_array(bad):
 def test_grid_sampler_destroyed_output_mask():
     args = _gs_args()
     assert A.aclDestroyBoolArray(args["outputMask"]) == SUCCESS
-    status, ws, ex = _gs_call(args)
-    assert status in (NULLPTR, INVALID) and ex is None
-    assert "outputMask" in A.aclGetRecentErrMsg()
+    expect_status(_gs_call(args), NULLPTR, "outputMask", "destroyed")  # as for a destroyed tensor
 
 
 @pytest.mark.parametrize("name", ["gradOutput", "grid", "inputGrad", "gridGrad"])
@@ -617,6 +615,8 @@ def test_upsample_size_not_an_int_array(name, bad):
         args[name] = A.aclCreateBoolArray([True] * args[name].size)
     elif bad == "destroyed":
         assert A.aclDestroyIntArray(args[name]) == SUCCESS
+        expect_status(_up_call(args), NULLPTR, name, "destroyed")  # as for a destroyed tensor
+        return
     else:
         args[name] = "5,7"
     expect_status(_up_call(args), INVALID, name)
@@ -733,6 +733,21 @@ def test_upsample_bad_scale(name, bad):
     args = _up_args()
     args[name] = bad
     expect_status(_up_call(args), INVALID, name)
+
+
+def test_upsample_scale_whose_product_overflows_is_inconsistent_not_an_inner_error():
+    """H_in * scalesH beyond the double range cannot be floor()ed: 161002, not 561000."""
+    args = _up_args()
+    args["scalesH"] = 1e308
+    expect_status(_up_call(args), INVALID, "scalesH", "inconsistent")
+
+
+def test_array_constructors_say_the_status_of_a_failure():
+    for create in (A.aclCreateIntArray, A.aclCreateBoolArray):
+        assert create(None) is None
+        assert A.aclGetRecentErrMsg().startswith(f"ACLNN_ERR_PARAM_NULLPTR ({NULLPTR}): {create.__name__}")
+        assert create(5) is None
+        assert A.aclGetRecentErrMsg().startswith(f"ACLNN_ERR_PARAM_INVALID ({INVALID}): {create.__name__}")
 
 
 @pytest.mark.parametrize("name,value", [("scalesH", 2.0), ("scalesW", 1.5), ("scalesH", 1e-3), ("scalesW", 1e300)])

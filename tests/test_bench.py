@@ -33,7 +33,7 @@ def test_peers_compute_our_numbers_and_the_fastest_is_among_them(monkeypatch):
     checked; a peer that computes something else is timed but never the fastest."""
     from aclnn_iree import bench_peers
     peers = tuple(p for p, why in bench_peers.available_peers().items() if why is None)
-    assert "compile" in peers  # torch is installed here
+    assert "torch_compile" in peers  # torch is installed here
     case = SMALL[0]
     row, _ = bench.run_case(case, "local-task", repeats=1, torch=torch, peers=peers)
     for p in peers:
@@ -46,6 +46,6 @@ def test_peers_compute_our_numbers_and_the_fastest_is_among_them(monkeypatch):
         fn = real(peer, case, arrays, cuda)
         return lambda: tuple(2 * t.detach() for t in fn())
     monkeypatch.setattr(bench_peers, "peer_function", wrong)
-    row, _ = bench.run_case(case, "local-task", repeats=1, torch=torch, peers=("compile",))
-    assert row["compile_max_rel_diff"] > bench.PEER_DIFF_WARN
+    row, _ = bench.run_case(case, "local-task", repeats=1, torch=torch, peers=("torch_compile",))
+    assert row["torch_compile_max_rel_diff"] > bench.PEER_DIFF_WARN
     assert row["fastest_peer"] == "torch"

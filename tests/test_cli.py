@@ -158,3 +158,16 @@ def test_version_and_every_subcommand_describes_itself():
 
 def test_bad_numbers_are_one_line():
     assert_one_error_line(cli("bench", "--threads", "0"), "--threads")
+    # PyTorch itself crashes (SIGSEGV) on 100000 threads: refused before it is asked.
+    assert_one_error_line(cli("bench", "--threads", "100000"), "--threads is at most")
+
+
+def test_options_that_do_not_apply_are_one_line():
+    assert_one_error_line(cli("bench", "--op", "torch", "--peers"), "--peers")
+
+
+@pytest.mark.parametrize("arch", ["rm -rf", "sm_999x", "80"])
+def test_a_malformed_gpu_arch_is_one_line(arch, tmp_path):
+    p = cli("build", "--target", "cuda", "--gpu-arch", arch, "--kernel", "*nearest_zeros_ac0_f32",
+            "--out", str(tmp_path), "--no-progress")
+    assert_one_error_line(p, "is not a cuda architecture", "sm_86")

@@ -383,11 +383,17 @@ def test_prepare_compiles_what_no_searched_directory_holds_into_the_cache(isolat
     assert (first.compiled, first.reused, first.failed) == (1, 1, [])
     cache = ArtifactStore(str(isolated))
     assert cache.status(b, TARGET) == "ok" and cache.status(a, TARGET) == "missing"  # a came shipped
-    again = store.prepare([a, b], "local-task")
+    again = store.prepare([a, b, b], "local-task")  # a spec named twice is one module
     assert (again.compiled, again.reused) == (0, 2)
+    with pytest.raises(ValueError, match="jobs"):
+        store.prepare([a], "local-task", jobs=0)
+    with pytest.raises(TypeError, match="device_name"):
+        store.prepare([a], None)
     # Offline, a missing module is an error naming the count and the build command.
     c = GridSamplerSpec("nearest", "border", False, "float32")
     monkeypatch.setenv("ACLNN_IREE_OFFLINE", "1")
-    with pytest.raises(store.ArtifactMissing, match=r"offline mode: 1 of 3 modules .*aclnn-iree build"):
+    with pytest.raises(store.ArtifactMissing, match=r"offline mode: 1 of 3 modules .*: "
+                       + c.kernel_name + r"; build them: `aclnn-iree build --target llvm-cpu --kernel "
+                       + c.kernel_name + "`"):
         store.prepare([a, b, c], "local-task")
     assert cache.status(c, TARGET) == "missing"

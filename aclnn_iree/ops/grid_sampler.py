@@ -34,8 +34,10 @@ def check(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners,
                ("gridGrad", gridGrad)]
     for name, t in tensors:
         tensor_arg(name, t)
-    if not isinstance(outputMask, aclBoolArray) or outputMask.destroyed:
-        fail(INVALID, f"outputMask must be a live aclBoolArray, got {brief(outputMask)}")
+    if not isinstance(outputMask, aclBoolArray):
+        fail(INVALID, f"outputMask must be an aclBoolArray, got {brief(outputMask)}")
+    if outputMask.destroyed:
+        fail(NULLPTR, "outputMask was destroyed")
     same_device(tensors)
     same_dtype("input", input, [(n, t) for n, t in tensors if n != "input"])
     supported_dtype("input", input)

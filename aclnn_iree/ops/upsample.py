@@ -48,8 +48,10 @@ def check(gradOut, outputSize, inputSize, alignCorners, scalesH, scalesW, out) -
             fail(NULLPTR, f"{name} is None")
     tensor_arg("out", out)
     for name, arr in (("outputSize", outputSize), ("inputSize", inputSize)):
-        if not isinstance(arr, aclIntArray) or arr.destroyed:
-            fail(INVALID, f"{name} must be a live aclIntArray, got {brief(arr)}")
+        if not isinstance(arr, aclIntArray):
+            fail(INVALID, f"{name} must be an aclIntArray, got {brief(arr)}")
+        if arr.destroyed:
+            fail(NULLPTR, f"{name} was destroyed")
     same_device([("gradOut", gradOut), ("out", out)])
     rank("gradOut", gradOut, 4)
     if inputSize.size != 4:
@@ -91,9 +93,9 @@ def check(gradOut, outputSize, inputSize, alignCorners, scalesH, scalesW, out) -
     sw = scale_arg("scalesW", scalesW)
     # A given scale must agree with the sizes (SPEC part A 5), never be silently ignored.
     for name, s, i, o in (("scalesH", sh, H, Ho), ("scalesW", sw, W, Wo)):
-        if s > 0 and o != math.floor(i * s):
-            fail(INVALID, f"{name}={s} is inconsistent with the sizes: output {o} != floor({i} * {s}) = "
-                           f"{math.floor(i * s)}")
+        if s > 0 and (not math.isfinite(i * s) or o != math.floor(i * s)):
+            got = math.floor(i * s) if math.isfinite(i * s) else i * s
+            fail(INVALID, f"{name}={s} is inconsistent with the sizes: output {o} != floor({i} * {s}) = {got}")
     dtype = np.float64 if gradOut.dtype == np.float64 else np.float32
     return ("NHWC" if nhwc else "NCHW"), (upsample_scale(H, Ho, bool(alignCorners), sh, dtype),
                                           upsample_scale(W, Wo, bool(alignCorners), sw, dtype))
