@@ -13,8 +13,7 @@ import subprocess
 from .render import numbered
 
 __all__ = ["CompileError", "CompilerMissing", "compile_file", "compile_command", "compiler_build",
-           "compiler_version",
-           "compiler_available", "require_compiler"]
+           "compiler_version", "compiler_available", "require_compiler"]
 
 INSTALL_HINT = "pip install iree-base-compiler==3.13.0"
 

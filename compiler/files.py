@@ -25,10 +25,14 @@ _TMP_PREFIX = ".tmp-"
 _STALE_TMP_SECONDS = 24 * 3600
 
 
+def _host_tag() -> str:
+    """This host's name as it appears in temporaries' names ('-' separates their fields)."""
+    return socket.gethostname().replace("-", "_")[:40]
+
+
 def _tmp_name(path: str) -> str:
-    host = socket.gethostname().replace("-", "_")[:40]
     return os.path.join(os.path.dirname(path),
-                        f"{_TMP_PREFIX}{host}-{os.getpid()}-{secrets.token_hex(4)}-{os.path.basename(path)}")
+                        f"{_TMP_PREFIX}{_host_tag()}-{os.getpid()}-{secrets.token_hex(4)}-{os.path.basename(path)}")
 
 
 def atomic_write(path: str, data: bytes):
@@ -67,7 +71,7 @@ def remove_stale_temporaries(directory: str) -> list:
         names = os.listdir(directory)
     except OSError:
         return removed
-    host = socket.gethostname().replace("-", "_")[:40]
+    host = _host_tag()
     now = time.time()
     for name in names:
         if not name.startswith(_TMP_PREFIX):

@@ -76,8 +76,10 @@ TARGETS = {
 _DRIVER_TO_TARGET = {"local-task": "llvm-cpu", "local-sync": "llvm-cpu", "vulkan": "vulkan-spirv", "cuda": "cuda"}
 
 
+# What an arch given on the command line may look like, per target, and an example of each.
 _ARCH_FORMS = {"llvm-cpu": re.compile(r"[A-Za-z0-9_.+-]+"), "vulkan-spirv": re.compile(r"[A-Za-z0-9_.+:,-]+"),
                "cuda": re.compile(r"sm_[0-9]{2,3}a?")}
+_ARCH_EXAMPLES = {"llvm-cpu": "x86-64-v3", "vulkan-spirv": "ampere", "cuda": "sm_86"}
 
 
 def get_target(name: str, arch: str | None = None) -> Target:
@@ -88,8 +90,7 @@ def get_target(name: str, arch: str | None = None) -> Target:
         raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")
     t = TARGETS[name]
     if arch and not _ARCH_FORMS[name].fullmatch(arch):
-        raise ValueError(f"{arch!r} is not a {name} architecture (e.g. "
-                         f"{ {'llvm-cpu': 'x86-64-v3', 'vulkan-spirv': 'ampere', 'cuda': 'sm_86'}[name] })")
+        raise ValueError(f"{arch!r} is not a {name} architecture (e.g. {_ARCH_EXAMPLES[name]})")
     return dataclasses.replace(t, arch=arch) if arch else t
 
 

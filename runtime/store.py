@@ -23,9 +23,8 @@ from ..compiler.build import ArtifactStore, target_folder
 from ..compiler.compile import INSTALL_HINT, compiler_available
 from ..compiler.targets import build_args, target_for_driver
 
-__all__ = ["ArtifactMissing", "is_offline", "load_module_bytes", "prepare", "set_artifacts_dir", "set_offline", "search_dirs",
-           "cache_dir", "PROJECT_ARTIFACTS", "default_artifacts_dir"]
-
+__all__ = ["ArtifactMissing", "is_offline", "load_module_bytes", "prepare", "set_artifacts_dir", "set_offline",
+           "search_dirs", "cache_dir", "PROJECT_ARTIFACTS", "default_artifacts_dir"]
 
 
 def default_artifacts_dir() -> Path:
@@ -92,6 +91,15 @@ def search_dirs() -> list:
     return list(dict.fromkeys(dirs))
 
 
+def _no_compile_reason() -> str | None:
+    """Why modules cannot compile at run time here (offline, or no compiler), or None."""
+    if is_offline():
+        return "offline mode"
+    if not compiler_available():
+        return f"iree-base-compiler is not installed ({INSTALL_HINT})"
+    return None
+
+
 def load_module_bytes(spec, device_name: str):
     """(vmfb bytes, target, path) of `spec` for the device `device_name`, following the order above."""
     target = target_for_driver(device_name)
@@ -102,8 +110,8 @@ def load_module_bytes(spec, device_name: str):
         if data is not None:
             return data, target, st.paths(spec, target)["vmfb"]
     cache = ArtifactStore(dirs[-1])
-    offline = is_offline()
-    if offline or not compiler_available():
+    why = _no_compile_reason()
+    if why:
         data = cache.lookup(spec, target)
         if data is not None:
             return data, target, cache.paths(spec, target)["vmfb"]
@@ -112,7 +120,6 @@ def load_module_bytes(spec, device_name: str):
             st = ArtifactStore(d)
             _, state, problem = st.find(spec, target)
             found.append(st.paths(spec, target)["vmfb"] + f" ({problem or state})")
-        why = "offline mode" if offline else f"iree-base-compiler is not installed ({INSTALL_HINT})"
         raise ArtifactMissing(
             f"{why}: no valid artifact for {spec.kernel_name} ({target_folder(target)}); looked for "
             + ", ".join(found) + f". Build it first: `aclnn-iree build {build_args(target)}`, here or on a "
@@ -142,8 +149,8 @@ def prepare(specs, device_name: str, jobs: int | None = None, progress: bool = F
     dirs = search_dirs()
     specs = list(dict.fromkeys(specs))  # a spec named twice is one module
     todo = [s for s in specs if not any(ArtifactStore(d).status(s, target) == "ok" for d in dirs)]
-    if todo and (is_offline() or not compiler_available()):
-        why = "offline mode" if is_offline() else f"iree-base-compiler is not installed ({INSTALL_HINT})"
+    why = _no_compile_reason() if todo else None
+    if why:
         names = ", ".join(s.kernel_name for s in todo[:5]) + (f" and {len(todo) - 5} more" if len(todo) > 5 else "")
         kernels = " ".join(f"--kernel {s.kernel_name}" for s in todo) if len(todo) <= 5 else ""
         raise ArtifactMissing(f"{why}: {len(todo)} of {len(specs)} modules for {target_folder(target)} are in "

@@ -22,8 +22,8 @@ INTERPOLATION_NAMES = dict(enumerate(INTERPOLATION_MODES))
 PADDING_NAMES = dict(enumerate(PADDING_MODES))
 
 
-def check(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, outputMask,
-                       inputGrad, gridGrad) -> tuple:
+def check(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, outputMask, inputGrad,
+          gridGrad) -> tuple:
     """Checks aclnnGridSampler2DBackward's arguments in aclnn's order (SPEC part B 2.2); returns the
     output mask as (bool, bool).  Raises AclnnError: 161001 for a None or destroyed argument,
     161002 for an invalid one."""

@@ -96,9 +96,14 @@ def check(gradOut, outputSize, inputSize, alignCorners, scalesH, scalesW, out) -
         if s > 0 and (not math.isfinite(i * s) or o != math.floor(i * s)):
             got = math.floor(i * s) if math.isfinite(i * s) else i * s
             fail(INVALID, f"{name}={s} is inconsistent with the sizes: output {o} != floor({i} * {s}) = {got}")
-    dtype = np.float64 if gradOut.dtype == np.float64 else np.float32
+    dtype = _op_math(gradOut.dtype)
     return ("NHWC" if nhwc else "NCHW"), (upsample_scale(H, Ho, bool(alignCorners), sh, dtype),
                                           upsample_scale(W, Wo, bool(alignCorners), sw, dtype))
+
+
+def _op_math(dtype):
+    """The type the scales are computed and passed in: float64 for float64, else float32."""
+    return np.float64 if dtype == np.float64 else np.float32
 
 
 def bind(gradOut, alignCorners, out, layout: str, scales) -> Binding:
@@ -108,6 +113,5 @@ def bind(gradOut, alignCorners, out, layout: str, scales) -> Binding:
     if gradOut.size == 0 or out.size == 0:
         return Binding(zero_fill=(out,))
     spec = UpsampleSpec(bool(alignCorners), gradOut.dtype.name, layout)
-    compute = np.float64 if gradOut.dtype == np.float64 else np.float32
-    scales = tensor_over(gradOut.device, np.array(scales, compute), "ND")
+    scales = tensor_over(gradOut.device, np.array(scales, _op_math(gradOut.dtype)), "ND")
     return Binding(spec, spec.function_name(), (gradOut, scales, out))
