@@ -28,6 +28,7 @@ from aclnn_iree.errors import AclnnError
 from aclnn_iree.runtime.store import cache_dir
 from conftest import DEVICES, device_missing, is_gpu, prepare_modules, require_device
 from test_grid_sampler import error_bounds, random_case
+from test_upsample_cpu_forms import W_FIRST_SHAPES
 
 # The GPU devices under test: vulkan (lavapipe in CI), or what ACLNN_IREE_TEST_DEVICES names
 # (scripts/gpu_check.sh: cuda).
@@ -67,8 +68,8 @@ def test_grid_sampler_vulkan_agrees_with_cpu(vulkan, mode, pad, ac, deterministi
 
 
 @pytest.mark.parametrize("ac,layout", list(itertools.product((False, True), ("NCHW", "NHWC"))))
-@pytest.mark.parametrize("sizes", [((13, 17), (6, 5)), ((5, 6), (13, 17)), ((40, 1), (1, 3))],
-                         ids=["down", "up", "mixed"])
+@pytest.mark.parametrize("sizes", [((13, 17), (6, 5)), ((5, 6), (13, 17)), ((40, 1), (1, 3)), ((2, 90), (40, 3))],
+                         ids=["down", "up", "mixed", "w_first"])
 def test_upsample_vulkan_agrees_with_cpu(vulkan, ac, layout, sizes):
     (ho, wo), (h, w) = sizes
     rng = np.random.default_rng(ho * wo + h)
@@ -91,6 +92,44 @@ def test_upsample_vulkan_agrees_with_cpu(vulkan, ac, layout, sizes):
     bound = k * EPS32 * absum
     _bounded_equal(cpu, exact, bound, "cpu upsample")
     _bounded_equal(gpu, exact, bound, "vulkan upsample")
+
+
+def _upsample_workspace(device, go, out_hw, input_size):
+    status, stream = A.aclrtCreateStream(device)
+    assert status == A.ACLNN_SUCCESS
+    out = A.aclCreateTensor(np.empty(input_size, go.dtype), "NCHW", stream=stream)
+    status, ws, _ = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
+        A.aclCreateTensor(go, "NCHW", stream=stream), A.aclCreateIntArray(list(out_hw)),
+        A.aclCreateIntArray(list(input_size)), False, -1.0, -1.0, out)
+    assert status == A.ACLNN_SUCCESS, A.aclGetRecentErrMsg()
+    return ws
+
+
+def _table_bytes(n_in, n_out):
+    """An axis table's bytes at most: an int64 start and K float32 weights per input index,
+    K <= 2 (out + 1) / in + 2 (window_len), and 64-byte alignment on each of its two arrays."""
+    k = min(n_out, 2 * (n_out + 1) // n_in + 2)
+    return n_in * (8 + 4 * k) + 2 * 64
+
+
+@pytest.mark.parametrize("shape", W_FIRST_SHAPES + [(2, 32, (1, 2000), (2000, 1)), (2, 3, (64, 48), (128, 96))],
+                         ids=lambda s: f"{s[0]}x{s[1]}_{s[2]}to{s[3]}")
+def test_upsample_gpu_takes_the_cheaper_pass_order(vulkan, shape):
+    """The GPU passes meet in the workspace, t: N*C*H_out*W_in float32 values when the W pass
+    goes first, N*C*H_in*W_out when the H pass does (plus the axis tables), so its size
+    shows the order the template picked: W first for every shape of test_upsample_cpu_forms'
+    W_FIRST_SHAPES (where the CPU forms take the same order), H first for the transposed
+    2000x case and for an equal-ratio resize.  With H down-sampled 2000x and W up-sampled
+    2000x, H first would need 1 GiB of workspace; W first needs less than the input."""
+    N, C, (H, W), (Ho, Wo) = shape
+    go = np.zeros((N, C, Ho, Wo), np.float32)
+    ws = _upsample_workspace(vulkan, go, (Ho, Wo), (N, C, H, W))
+    t_w, t_h = 4 * N * C * Ho * W, 4 * N * C * H * Wo
+    tables = _table_bytes(H, Ho) + _table_bytes(W, Wo) + 256
+    took_w = shape in W_FIRST_SHAPES
+    assert (t_w if took_w else t_h) <= ws <= (t_w if took_w else t_h) + tables, (ws, t_w, t_h)
+    if shape == (2, 32, (2000, 1), (1, 2000)):
+        assert ws < go.nbytes < t_h
 
 
 # ----------------------------------------------------------------------------------------

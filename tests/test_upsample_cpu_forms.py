@@ -9,6 +9,12 @@
   longer than its stack row a scalar form: both sum in the separable order, so every
   form gives the same bits; checked against the float64 reference with the
   dtype-derived bound of test_dtypes too.
+* The order of the two passes is chosen per call (the template's pass_order): the H pass
+  first costs H_in * W_out * K_H taps in its first pass, the W pass first H_out * W_in *
+  K_W, and the cheaper runs (a tie, as in every equal-ratio resize, keeps H first).  The
+  W-first forms walk a block's dx rows in runs whose dy rows fit the stack tile, with
+  column tiles; a row whose window alone does not fit takes a scalar (NCHW) or per-pixel
+  (NHWC) form in the same order: the layouts again give the same bits.
 * dx of at least 4 MiB is written with non-temporal stores where the output and its rows
   are 64-byte aligned, with masked stores elsewhere: both give the same bits.
 """
@@ -85,6 +91,35 @@ def test_other_forms_give_the_same_bits(what, dtype):
         np.testing.assert_array_equal(nhwc.view(np.uint8), nchw.view(np.uint8))
         check_case(UpsampleCase(what, go, in_hw, ac, "NHWC"), dtype)
         check_case(UpsampleCase(what, go, in_hw, ac, "NCHW"), dtype)
+
+
+# (N, C, (H_in, W_in), (H_out, W_out)), each taking the W pass first: H down-sampled 2000x
+# while W is up-sampled 2000x (the H-first order's worst case: H_in * W_out taps per plane;
+# one block per plane computes u once), moderate mixed ratios, several column tiles in
+# both layouts (NCHW: runs of ~56 dy rows, 64-column tiles; NHWC: 6-column tiles), a
+# window taller than the tile (both axes up-sampled hundreds of times: the scalar and
+# per-pixel forms), more channels than the NHWC tile holds, a channel count that is no
+# multiple of the chunk.  (test_devices checks on the GPU, through the workspace, that the
+# template takes the W pass first for each.)
+W_FIRST_SHAPES = [
+    (2, 32, (2000, 1), (1, 2000)),
+    (1, 5, (40, 3), (7, 90)),
+    (1, 2, (20, 600), (60, 2400)),
+    (1, 3, (2, 2), (700, 900)),
+    (1, 8200, (3, 2), (3, 5)),
+    (2, 19, (50, 3), (2, 70)),
+]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, F16, BF16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("shape", W_FIRST_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}_{s[2]}to{s[3]}")
+def test_w_first_forms_give_the_same_bits_in_both_layouts(shape, dtype):
+    N, C, in_hw, out_hw = shape
+    go = np.random.default_rng(14).standard_normal((N, C) + out_hw)
+    for ac in (False, True):
+        nchw, nhwc = _both_layouts(go.astype(dtype), out_hw, in_hw, ac)
+        np.testing.assert_array_equal(nhwc.view(np.uint8), nchw.view(np.uint8))
+        check_case(UpsampleCase("w_first", go, in_hw, ac, "NCHW"), dtype)
 
 
 def _aclnn_dx(go, fmt, input_size, out_hw, offset):
