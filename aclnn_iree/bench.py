@@ -61,6 +61,11 @@ CASES = [
     Case("up_channels_ac_4x256_32from64", "upsample", (4, 256, 32, 32, 64, 64), align_corners=True),
     Case("up_down_2x16_300x400from150x200", "upsample", (2, 16, 300, 400, 150, 200)),
     Case("up_x2_nhwc_8x64_64from128", "upsample", (8, 64, 64, 64, 128, 128), layout="NHWC"),
+    # H down-sampled while W is up-sampled: the W pass goes first (pass_order); H first
+    # would cost H_in * W_out per plane (1374 ms on the 2000x case).
+    Case("up_mixed_4x32_512x64from128x256", "upsample", (4, 32, 512, 64, 128, 256)),
+    Case("up_mixed_2x32_2000x1from1x2000", "upsample", (2, 32, 2000, 1, 1, 2000)),
+    Case("up_mixed_nhwc_2x32_2000x1from1x2000", "upsample", (2, 32, 2000, 1, 1, 2000), layout="NHWC"),
 ]
 QUICK = {"gs_bilinear_zeros_8x64x64", "gs_bicubic_zeros_4x16x64", "up_x2_8x64_64from128",
          "up_down_2x16_300x400from150x200", "up_x2_nhwc_8x64_64from128"}
@@ -259,11 +264,18 @@ def _device_name(device) -> str:
     return device if isinstance(device, str) else device.name
 
 
+def _first_line(e: Exception) -> str:
+    """`e` in one line: its type and the first non-empty line of its message."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return type(e).__name__ + (f": {lines[0]}" if lines else "")
+
+
 def run_case(case: Case, device, repeats: int, torch=None, rng=None, peers=()) -> dict:
     """Times one case beside PyTorch eager (`torch`, the module, when given) and the other
     `peers` (bench_peers.PEERS); returns (a row of the results table, our outputs).  Every
     peer's numbers are compared with ours before timing; one that differs by more than
-    PEER_DIFF_WARN is timed but never the fastest peer."""
+    PEER_DIFF_WARN is timed but never the fastest peer; one that fails on the case (its own
+    error) is left out of it, with the error in the row."""
     rng = rng or np.random.default_rng(0)
     arrays = _inputs(case, rng)
     run, ws, outs = _phase2(case, arrays, device)
@@ -277,13 +289,16 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None, peers=()) -
     if torch is not None:
         fns["torch"] = _torch_fn(case, arrays, torch, cuda=on_cuda)
         peer_diff = _max_rel_diff(first, fns["torch"](), case.layout)  # same numbers before timing
-    peer_diffs = {}
+    peer_diffs, peer_errors = {}, {}
     for peer in peers:
         from .bench_peers import peer_function
-        fn = peer_function(peer, case, arrays, cuda=on_cuda)
-        if fn is not None:
-            fns[peer] = fn
-            peer_diffs[peer] = _max_rel_diff(first, fn(), case.layout)
+        try:
+            fn = peer_function(peer, case, arrays, cuda=on_cuda)
+            if fn is not None:
+                peer_diffs[peer] = _max_rel_diff(first, fn(), case.layout)
+                fns[peer] = fn
+        except Exception as e:  # noqa: BLE001 - a peer's own failure (an inductor bug) leaves it out
+            peer_errors[peer] = _first_line(e)
     spreads.clear()
     t = alternating_medians(fns, repeats)
     noisy = {k: v for k, v in spreads.items() if v > BUSY_SPREAD}
@@ -298,6 +313,7 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None, peers=()) -
     for peer in peers:
         row[f"{peer}_ms"] = 1e3 * t[peer] if peer in t else None
         row[f"{peer}_max_rel_diff"] = peer_diffs.get(peer)
+        row[f"{peer}_error"] = peer_errors.get(peer)
     if peers:
         same = {k: t[k] for k in ("torch", *peers) if k in t
                 and (row.get("torch_max_rel_diff") if k == "torch" else peer_diffs[k]) <= PEER_DIFF_WARN}
@@ -395,6 +411,9 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
             if (row.get(key) or 0.0) > PEER_DIFF_WARN:
                 out(f"  warning: {who}'s result differs from ours by {row[key]:.1e} of its largest value: "
                     "the ratio compares different computations")
+        for p in peer_names:
+            if row.get(p + "_error"):
+                out(f"  warning: {p} failed on this case and is left out of it: {row[p + '_error']}")
         for what, spread in row["unsteady"].items():
             out(f"  warning: {what} times moved {100 * spread:.0f} % between blocks (the machine looks busy)")
     result = {"device": device, "threads": threads, "copy_gbps": bw, "cases": rows}

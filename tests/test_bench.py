@@ -49,3 +49,19 @@ def test_peers_compute_our_numbers_and_the_fastest_is_among_them(monkeypatch):
     row, _ = bench.run_case(case, "local-task", repeats=1, torch=torch, peers=("torch_compile",))
     assert row["torch_compile_max_rel_diff"] > bench.PEER_DIFF_WARN
     assert row["fastest_peer"] == "torch"
+
+
+def test_a_failing_peer_is_left_out_of_its_case(monkeypatch):
+    """A peer that raises on a case (inductor fails on some shapes) is reported in the row
+    and left out of that case: never timed, never the fastest; the benchmark goes on."""
+    from aclnn_iree import bench_peers
+
+    def failing(peer, case, arrays, cuda=False):
+        def fn():
+            raise RuntimeError("AssertionError in codegen\nlong traceback")
+        return fn
+    monkeypatch.setattr(bench_peers, "peer_function", failing)
+    row, _ = bench.run_case(SMALL[0], "local-task", repeats=1, torch=torch, peers=("torch_compile",))
+    assert row["torch_compile_ms"] is None
+    assert row["torch_compile_error"] == "RuntimeError: AssertionError in codegen"
+    assert row["fastest_peer"] == "torch" and row["ratio_fastest_e2e"] > 0
