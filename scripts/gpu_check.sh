@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for a machine with an NVIDIA GPU (CI never has one): runs the numerical suites on
 # the `cuda` device (beside the CPU, which they compare against), the PyTorch integration on
-# CUDA tensors and the benchmark, in under 8 minutes.  Prints everything it runs; exits
-# non-zero when a test fails or no CUDA device is found.
+# CUDA tensors and the benchmark beside PyTorch eager and torch.compile, in under 8 minutes.
+# Prints everything it runs; exits non-zero when a test fails or no CUDA device is found.
 #
 #   bash scripts/gpu_check.sh               # from the repository root
 #   bash scripts/gpu_check.sh --rehearse    # the same steps with the CPU in place of cuda,
@@ -59,12 +59,13 @@ run() {  # name, timeout (s), command...
     [ "$rc" -eq 0 ] || { echo "== $name: FAILED (exit $rc)"; failed=1; }
 }
 # -x: stop at the first failure; compile-only tests are deselected (the modules came built).
-run "numerical suites on $DEV (the CPU is the cross-device reference)" 240 \
+run "numerical suites on $DEV (the CPU is the cross-device reference)" 210 \
     env ACLNN_IREE_TEST_DEVICES=$DEV $PY -m pytest -q -x -p no:cacheprovider --rootdir "$REPO" \
     "$REPO/tests/test_devices.py" "$REPO/tests/test_grid_sampler.py" "$REPO/tests/test_dtypes.py" \
     -k "not artifact_compiles and not artifacts_compile and not test_named_gpu_arch"
-run "PyTorch integration on CUDA tensors (DLPack to IREE's cuda device)" 120 \
+run "PyTorch integration on CUDA tensors (DLPack to IREE's cuda device)" 90 \
     $PY -m pytest -q -x -p no:cacheprovider --rootdir "$REPO" "$REPO/tests/test_torch.py" -k cuda
-run "benchmark on $DEV (PyTorch on the same device beside it)" 120 \
-    $PY -m aclnn_iree bench --device $DEV --quick --no-compile --repeats 10
+# --peers: torch.compile on the same device too (JAX where installed; the lent machines have none).
+run "benchmark on $DEV (PyTorch eager and torch.compile on the same device beside it)" 150 \
+    $PY -m aclnn_iree bench --device $DEV --quick --no-compile --repeats 10 --peers
 exit $failed
