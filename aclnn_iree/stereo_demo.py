@@ -126,7 +126,8 @@ def run_stereo_demo(out_dir="demo_output", quick: bool = False, backward: str = 
                "nonoccluded_pixels": int(nonocc.sum()), "runs": {}}
     runs = {}
     for name in names:
-        log(f"estimating with {'our' if name == 'ours' else 'PyTorch'}'s backward kernels ({sum(cfg.steps)} Adam steps "
+        whose = "our" if name == "ours" else "PyTorch's"
+        log(f"estimating with {whose} backward kernels ({sum(cfg.steps)} Adam steps "
             f"over {len(cfg.levels)} pyramid levels, two views at once)")
         run = S.estimate_disparity(left, right, cfg, name, progress=progress)
         run["level_fractions"] = [f * cfg.working_scale for f in cfg.levels]
