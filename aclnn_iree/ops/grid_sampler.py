@@ -10,7 +10,7 @@ from ..errors import ACLNN_ERR_PARAM_INVALID as INVALID
 from ..errors import ACLNN_ERR_PARAM_NULLPTR as NULLPTR
 from ..errors import brief
 from ..tensors import aclBoolArray
-from ..validation import (bool_attr, fail, int_attr, no_alias, rank, same_device, same_dtype, supported_dtype,
+from ..validation import (bool_attr, dtype_name, fail, int_attr, no_alias, rank, same_device, same_dtype, supported_dtype,
                           tensor_arg)
 from . import Binding
 
@@ -86,6 +86,6 @@ def bind(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, 
     if gradOutput.size == 0 or input.size == 0 or grid.size == 0:
         return Binding(zero_fill=outputs)
     spec = GridSamplerSpec(INTERPOLATION_NAMES[interpolationMode], PADDING_NAMES[paddingMode], bool(alignCorners),
-                           input.dtype.name)
+                           dtype_name(input.dtype))
     function = spec.function_name(mask, deterministic, target, channels=input.shape[1])
     return Binding(spec, function, (gradOutput, input, grid) + outputs)
