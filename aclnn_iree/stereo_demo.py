@@ -124,6 +124,8 @@ def run_stereo_demo(out_dir="demo_output", quick: bool = False, backward: str = 
                "config": dataclasses.asdict(cfg), "device": device, "threads": torch.get_num_threads(),
                "pixels_with_ground_truth": int(np.isfinite(truth).sum()),
                "nonoccluded_pixels": int(nonocc.sum()), "runs": {}}
+    results["warm_up_seconds"] = S.warm_up(names)
+    log(f"warm-up outside the timers (imports, module loading, first calls): {results['warm_up_seconds']:.1f} s")
     runs = {}
     for name in names:
         whose = "our" if name == "ours" else "PyTorch's"
