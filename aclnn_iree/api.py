@@ -257,10 +257,10 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
     scatter-add.  The forward's weights are separable, so a small dispatch per
     axis tabulates for each input index the window of output positions whose
     taps land on it (with PyTorch's own float expressions), and each grad_input
-    pixel sums its 2-D window: O(N*C*(H_out*W_out + H_in*W_in)) work when both
-    axes are up-sampled or both down-sampled (one up and one down costs up to
-    O(N*C*max(H_in*W_out, H_out*W_in))), no intermediate tensor, deterministic,
-    vectorised over C (NHWC) or W_out (NCHW).
+    pixel sums its 2-D window separably, H pass or W pass first, whichever costs
+    fewer taps for these sizes: O(N*C*(H_out*W_out + H_in*W_in)) work for every
+    pair of ratios, no intermediate tensor on CPUs, deterministic, vectorised
+    over C (NHWC) or W (NCHW).
     A dense interpolation-matrix product would cost O(H_out*H_in) per column and
     a scatter-add runs serially in IREE.
     """
