@@ -288,10 +288,11 @@ def _check_64bit_conversions(text):
 def test_offsets_are_64_bit(spec):
     """Every float coordinate becomes an offset through i64 and then index (64-bit on
     64-bit targets); nothing narrows a coordinate or an offset to i32.  Only the six
-    sizes (and the channel-block count of the fused kernel) travel as i32 push constants
-    (each dimension < 2^31), widened without sign extension (index_castui / uitofp), beside
-    the block pass's gradient flags (tested bit by bit, never an offset) and the device's
-    worker count (a workgroup count)."""
+    sizes (and the channel-block count and the dx band's pixel count, both below H*W*C)
+    travel as i32 push constants (each < 2^31), widened without sign extension
+    (index_castui / uitofp), beside the block pass's gradient flags and @dgrid_final's
+    choice (tested bit by bit or against zero, never an offset) and the device's worker
+    count (a workgroup count)."""
     text = rendered(spec)
     _check_64bit_conversions(text)
     # each i64 from a float conversion goes straight to index, or stays a vector of i64
@@ -306,13 +307,19 @@ def test_offsets_are_64_bit(spec):
         ok = (re.search(r"hal\.interface\.constant\.load .* : i32$", line)
               or re.search(r"arith\.index_castui %k\d : i32 to index", line)
               or re.search(r"arith\.uitofp %k\d : i32 to !ct", line)
-              or re.search(r"%\w+i = arith\.index_cast %(N|C|H|W|Ho|Wo|NB) : index to i32", line)
+              or re.search(r"%\w+i = arith\.index_cast %(N|C|H|W|Ho|Wo|NB|Pb) : index to i32", line)
+              # the dx band's pixels and the blocks per image, as push constants
+              or re.search(r"^\s*%(Pb|NB) = arith\.index_castui %k(pb|nb) : i32 to index$", line)
               or re.search(r"flow\.dispatch|^\s*: \(i32, i32, i32, i32, i32, i32,", line)
               or re.search(r"^\s*: \(i32, i32, i32, i32, tensor<\?x\?x\?x\?x2x!ct>", line)  # the block sum
               # the block pass's flags: constants, and a bit test of the seventh push constant
               or re.search(r"^\s*%(kflags|c[012]_i32) = arith\.constant [0-3] : i32$", line)
               or re.search(r"^\s*%kf_d[xg] = arith\.andi %kf, %c[12]_i32 : i32$", line)
               or re.search(r"^\s*%with_d[xg] = arith\.cmpi ne, %kf_d[xg], %c0_i32 : i32$", line)
+              # the flags and @dgrid_final's choice as the host picks them (islot_count)
+              or re.search(r"^\s*%(kf_all|kf_dx|kf_dg|kf_none|use[01]) = arith\.constant [0-3] : i32$", line)
+              or re.search(r"^\s*%(kflags|usei) = arith\.select %fits, %\w+, %\w+ : i32$", line)
+              or re.search(r"^\s*%use_part = arith\.cmpi ne, %kuse, %c0_i32 : i32$", line)
               # the worker count, which caps the block pass's workgroup count
               or re.search(r'hal\.device\.query<%device : !hal\.device> key\("hal\.dispatch" :: "concurrency"\) : i1, i32 = 1 : i32$', line)
               or re.search(r"^\s*%wk = arith\.index_castui %workers : i32 to index$", line))
