@@ -30,7 +30,7 @@ UPSAMPLE_VECTOR_WIDTH = 8
 # Stack buffer of the CPU upsample kernels' H-pass sums: NCHW's row (W_out values; longer
 # rows take a slower path), NHWC's tile of W_out columns x one channel chunk.
 UPSAMPLE_ROW_BYTES = 16384
-# grad_grid alone on CPUs: the point-parallel pass (@dgrid_points: a point per vector lane, the
+# grad_grid alone on CPUs: the point-parallel pass (dgrid_points: a point per vector lane, the
 # channels walked in order, no workspace) up to this many channels, the slot pass above (a
 # channel per lane: its interleaving pays off once the slots' lanes are full).  Both give the
 # same bits.  Measured crossover (2 x C x 250 x 370, 2 threads): C = 1: 2.1 vs 7.1 ms, 8: 6.1 vs

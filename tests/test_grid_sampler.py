@@ -1075,7 +1075,7 @@ POINT_PASS_CASES = ([(m, p, ac, "float32") for m in (0, 2) for p in PADS for ac 
 @pytest.mark.parametrize("mode,pad,ac,dtype", POINT_PASS_CASES,
                          ids=[f"{MODE_NAMES[m]}-{PAD_NAMES[p]}-ac{int(ac)}-{dt}" for m, p, ac, dt in POINT_PASS_CASES])
 def test_dgrid_point_pass_has_the_slot_pass_bits(device, monkeypatch, mode, pad, ac, dtype):
-    """CPUs compute grad_grid alone with few channels in @dgrid_points (a point per lane, no
+    """CPUs compute grad_grid alone with few channels in the point-parallel pass, dgrid_points (a point per lane, no
     workspace) and otherwise in the slot pass; the same block order, the same channel
     order, the same roundings: the same bits, also as the two-output call's grad_grid."""
     if is_gpu(device):

@@ -5,7 +5,7 @@ with the channels interleaved (templates/_grid_sampler_cpu.mlir.j2), and the two
 grad_grid-only calls keep the block's input beside it plus partial grid-gradient sums.
 Where that would exceed the largest input (few channels of few images; float16/bfloat16,
 whose slots hold float32), islot_count (templates/_grid_sampler_host.mlir.j2) runs dx alone
-in bands of pixels that fit and the grid gradient point-parallel (@dgrid_points), with no
+in bands of pixels that fit and the grid gradient point-parallel (dgrid_points), with no
 partial sums.
 
 Oracles, none of them our output for the same call:
@@ -91,7 +91,7 @@ def check_bound_and_bits(shape, dtype, mode, pad, ac, mask, seed=0):
         np.testing.assert_array_equal(np.ascontiguousarray(a).view(np.uint8),
                                       np.ascontiguousarray(b[:shape[0]]).view(np.uint8), err_msg=name)
     if mask == (False, True) and (mode == 1 or shape[1] <= DGRID_POINTS_MAX_CHANNELS):
-        return None, None  # no block pass (nearest: zeros; few channels: @dgrid_points)
+        return None, None  # no block pass (nearest: zeros; few channels: dgrid_points)
     big_shape = (BATCH * shape[0],) + tuple(shape[1:])
     return (ws >= _whole_plane_bytes(shape, dtype, mode, mask),
             _workspace(*big, mode, pad, ac, mask) >= _whole_plane_bytes(big_shape, dtype, mode, mask))
