@@ -20,6 +20,8 @@
 """
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aclnn_iree import aclnn as A
 from aclnn_iree.tensors import tensor_over
@@ -170,3 +172,15 @@ def test_large_dx_any_output_alignment(fmt):
     S = R.upsample_bilinear2d_backward(np.abs(g64), (2 * H, 2 * W), (N, C, H, W), False)  # weights >= 0
     bound, _ = error_bound(want, S, 16, 0.0, F32)  # at most 4 x 4 taps per dx pixel
     assert np.all(np.abs(dx - want) <= bound)
+
+
+@settings(max_examples=100, deadline=None)
+@given(N=st.integers(1, 2), C=st.integers(1, 40), H=st.integers(1, 60), W=st.integers(1, 60),
+       Ho=st.integers(1, 60), Wo=st.integers(1, 60), ac=st.booleans(), dtype=st.sampled_from([F32, BF16]),
+       seed=st.integers(0, 2**16))
+def test_both_layouts_give_the_same_bits_for_any_sizes(N, C, H, W, Ho, Wo, ac, dtype, seed):
+    """For any sizes, whichever pass order pass_order picks and whichever form runs, NHWC
+    gives the NCHW kernel's bits (both take the order from the sizes alone)."""
+    go = np.random.default_rng(seed).standard_normal((N, C, Ho, Wo)).astype(dtype)
+    nchw, nhwc = _both_layouts(go, (Ho, Wo), (H, W), ac)
+    np.testing.assert_array_equal(nhwc.view(np.uint8), nchw.view(np.uint8))
