@@ -317,7 +317,7 @@ def test_offsets_are_64_bit(spec):
               or re.search(r"^\s*%kf_d[xg] = arith\.andi %kf, %c[12]_i32 : i32$", line)
               or re.search(r"^\s*%with_d[xg] = arith\.cmpi ne, %kf_d[xg], %c0_i32 : i32$", line)
               # the flags and @dgrid_final's choice as the host picks them (islot_count)
-              or re.search(r"^\s*%(kf_all|kf_dx|kf_dg|kf_none|use[01]|nb0) = arith\.constant [0-3] : i32$", line)
+              or re.search(r"^\s*%(kf_all|kf_dx|kf_dg|kf_none|use[01]) = arith\.constant [0-3] : i32$", line)
               or re.search(r"^\s*%(kflags|usei) = arith\.select %fits, %\w+, %\w+ : i32$", line)
               or re.search(r"^\s*%use_part = arith\.cmpi ne, %kuse, %c0_i32 : i32$", line)
               # the worker count, which caps the block pass's workgroup count
