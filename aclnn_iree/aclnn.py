@@ -39,12 +39,12 @@ from .ops import grid_sampler, upsample
 from .runtime.device import DeviceUnavailable
 from .runtime.kernels import ModuleLoadError, load_module
 from .runtime.store import ArtifactMissing
-from .tensors import (FORMATS, aclBoolArray, aclIntArray, aclrtBuffer, aclrtStream, aclTensor, empty_aligned,
-                      device_of, hal_element_type, tensor_over)
+from .tensors import (FORMATS, HOST_ALIGNMENT, Storage, aclBoolArray, aclIntArray, aclrtBuffer, aclrtStream,
+                      aclTensor, empty_aligned, device_of, hal_element_type, host_storage, tensor_over, view_over)
 
 __all__ = [
     "aclGetRecentErrMsg", "aclCreateTensor", "aclDestroyTensor", "aclCreateIntArray", "aclDestroyIntArray",
-    "aclCreateBoolArray", "aclDestroyBoolArray", "aclrtCreateStream", "aclrtSynchronizeStream",
+    "aclCreateBoolArray", "aclDestroyBoolArray", "aclSetInputTensorAddr", "aclSetOutputTensorAddr", "aclrtCreateStream", "aclrtSynchronizeStream",
     "aclrtDestroyStream", "aclrtMalloc", "aclrtFree", "aclOpExecutor", "aclSetAclOpExecutorRepeatable",
     "aclDestroyAclOpExecutor", "aclnnGridSampler2DBackwardGetWorkspaceSize", "aclnnGridSampler2DBackward",
     "aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize", "aclnnUpsampleBilinear2dBackwardV2",
@@ -301,21 +301,29 @@ class aclOpExecutor:
     to run it one succeeds and the other gets 561102.
     """
 
-    def __init__(self, op: str, device, kernel=None, views=(), workspace_size: int = 0, zero_fill=(), tensors=()):
+    def __init__(self, op: str, device, kernel=None, bound=(), workspace_size: int = 0, zero_fill=(), inputs=(),
+                 outputs=()):
         self.op = op
         self.device = device
         self.kernel = kernel  # None: nothing to compute (empty tensors, all-False mask)
-        self.views = list(views)
+        self.bound = tuple(bound)  # the kernel's tensor arguments, in its order
         self.workspace_size = int(workspace_size)
-        self.zero_fill = list(zero_fill)  # requested outputs to write as zeros (nothing contributes)
-        self.tensors = tuple(tensors) + tuple(zero_fill)  # every tensor bound, checked live in phase 2
-        # What a launch touches, taken now: a tensor destroyed while the launch is queued
-        # then frees nothing the kernel reads or writes (CANN's aclTensor is a descriptor).
-        self.resources = (tuple(t.storage for t in self.tensors), tuple(self.views))
-        self.fills = [(t.buffer, t.nbytes) for t in self.zero_fill]
+        self.zero_fill = tuple(zero_fill)  # requested outputs to write as zeros (nothing contributes)
+        # The tensors phase 1 took, in aclnn's order: what aclSet{Input,Output}TensorAddr index.
+        self.inputs, self.outputs = tuple(inputs), tuple(outputs)
         self.repeatable = False
         self.destroyed = False
         self.lock = threading.Lock()
+        self.refresh()
+
+    def refresh(self):
+        """Takes what a launch touches from the bound tensors, now: a tensor destroyed (or
+        refreshed to other memory) while the launch is queued then frees nothing the kernel
+        reads or writes (CANN's aclTensor is a descriptor).  Under `lock` once shared."""
+        self.tensors = self.bound + self.zero_fill  # every tensor bound, checked live in phase 2
+        self.views = [t.view for t in self.bound]
+        self.resources = (tuple(t.storage for t in self.tensors), tuple(self.views))
+        self.fills = [(t.buffer, t.nbytes) for t in self.zero_fill]
 
     def __repr__(self):
         state = "destroyed" if self.destroyed else ("repeatable" if self.repeatable else "single-use")
@@ -343,13 +351,97 @@ def aclDestroyAclOpExecutor(executor) -> int:
     return E.ACLNN_SUCCESS
 
 
+@_status_call()
+def aclSetInputTensorAddr(executor, index, tensor, addr) -> int:
+    """Points input `index` (aclnn's order of the op's input tensors, from 0) of `executor`
+    at other memory, for a repeated phase 2 on new data without phase 1 (CANN's
+    aclSetInputTensorAddr).  `tensor`: that very input aclTensor; `addr`: the new memory,
+    an aclrtBuffer on the executor's device of at least the tensor's bytes, or on CPU
+    devices a C-contiguous, writable, 16-byte aligned NumPy array of exactly its bytes
+    (read as the tensor's dtype and shape, without a copy).  Launches already enqueued keep
+    the memory they were given.  Returns ACLNN_SUCCESS; 561103 for a None executor or
+    tensor; 161002 for an index out of range, a tensor that is not that input, or memory
+    that does not fit; 561102 for a used-up or destroyed executor."""
+    return _set_tensor_addr(executor, "input", index, tensor, addr)
+
+
+@_status_call()
+def aclSetOutputTensorAddr(executor, index, tensor, addr) -> int:
+    """Points output `index` of `executor` at other memory (CANN's aclSetOutputTensorAddr;
+    otherwise as aclSetInputTensorAddr)."""
+    return _set_tensor_addr(executor, "output", index, tensor, addr)
+
+
+def _set_tensor_addr(executor, kind, index, tensor, addr) -> int:
+    _check_type(executor)
+    if tensor is None:
+        raise AclnnError(E.ACLNN_ERR_INNER_NULLPTR, "tensor is None")
+    with executor.lock:
+        _check_live(executor)
+        tensors = executor.inputs if kind == "input" else executor.outputs
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < len(tensors):
+            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
+                             f"index {brief(index)} is out of range: {executor.op} has {len(tensors)} {kind} tensors")
+        if tensor is not tensors[int(index)]:
+            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
+                             f"tensor is not {kind} {int(index)} of the executor (the aclTensor phase 1 took there)")
+        if tensor.destroyed:
+            raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR, f"{kind} {int(index)} was destroyed")
+        tensor.rebind(_addr_storage(executor.device, tensor, addr))
+        executor.refresh()
+    return E.ACLNN_SUCCESS
+
+
+def _addr_storage(dev, tensor, addr) -> Storage:
+    """The memory `addr` as storage for `tensor` (see aclSetInputTensorAddr)."""
+    if isinstance(addr, aclrtBuffer):
+        if addr.freed or addr.device is not dev or addr.size < tensor.nbytes:
+            raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
+                             f"addr must be a live aclrtBuffer on {dev.name} of at least {tensor.nbytes} bytes, "
+                             f"got {brief(addr)}")
+        return Storage(addr.buffer, view_over(addr.buffer, tensor.shape, tensor.dtype), None, tensor.shape,
+                       tensor.dtype, tensor.format)
+    if not isinstance(addr, np.ndarray):
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"addr must be an aclrtBuffer or (on CPU devices) a NumPy "
+                                                    f"array, got {brief(addr)}")
+    if not dev.is_host:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"addr must be device memory (an aclrtBuffer) on {dev.name}")
+    if (not addr.flags.c_contiguous or not addr.flags.writeable or addr.ctypes.data % HOST_ALIGNMENT
+            or addr.nbytes != tensor.nbytes):
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
+                         f"addr must be a C-contiguous, writable, {HOST_ALIGNMENT}-byte aligned array of "
+                         f"{tensor.nbytes} bytes, got {addr.nbytes} bytes, dtype {addr.dtype}, "
+                         f"contiguous={addr.flags.c_contiguous}, writable={addr.flags.writeable}")
+    data = addr.reshape(-1).view(np.uint8).view(tensor.dtype).reshape(tensor.shape)
+    return host_storage(dev, data, tensor.format)
+
+
+def rebind(executor, storages):
+    """For the Pythonic and torch layers, which made the executor and its tensors themselves
+    (so the checks of aclSetInputTensorAddr hold by construction): points every tensor of
+    `executor` (its inputs, then its outputs, in aclnn's order) at `storages[i]`, a
+    tensors.Storage of that tensor's shape and dtype."""
+    with executor.lock:
+        for t, s in zip(executor.inputs + executor.outputs, storages):
+            t.rebind(s)
+        executor.refresh()
+
+
+def unbind(executor):
+    """Lets go of the memory of every tensor of `executor` (after its call has run), so that a
+    kept executor holds no caller's array; phase 2 refuses it until it is bound again."""
+    with executor.lock:
+        for t in executor.inputs + executor.outputs:
+            t.rebind(None)
+        executor.views, executor.resources, executor.fills = [], (), []
+
+
 def _release(executor):
     executor.destroyed = True
     executor.kernel = None
     executor.views = []
-    executor.tensors = ()
+    executor.bound = executor.tensors = executor.zero_fill = executor.inputs = executor.outputs = ()
     executor.resources = ()
-    executor.zero_fill = []
     executor.fills = []
 
 
@@ -404,9 +496,9 @@ def _run(op, workspace, workspaceSize, executor, stream) -> int:
         _check_live(executor)
         _check_stream(stream, executor.device)
         for t in executor.tensors:
-            if t.destroyed:
-                raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR,
-                                 f"a tensor bound by phase 1 was destroyed before phase 2: {brief(t)}")
+            if t.destroyed or t.buffer is None:
+                raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR, f"a tensor bound by phase 1 was destroyed before "
+                                                            f"phase 2, or has no memory: {brief(t)}")
         ws_buffer = _workspace_buffer(workspace, workspaceSize, executor)
         kernel, views, fills, dev = executor.kernel, executor.views, executor.fills, executor.device
         if kernel is not None:
@@ -456,14 +548,15 @@ def _load_kernel(device, spec, function_name):
         raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, str(e)) from None
 
 
-def _executor(op: str, device, binding) -> aclOpExecutor:
+def _executor(op: str, device, binding, inputs, outputs) -> aclOpExecutor:
     """The executor of an operator's Binding (aclnn_iree.ops): its kernel loaded and its
-    workspace sized for these very tensors; no kernel for an all-zero or empty result."""
+    workspace sized for these very tensors; no kernel for an all-zero or empty result.
+    `inputs`, `outputs`: the aclTensors of the call in aclnn's order."""
     if binding.spec is None:
-        return aclOpExecutor(op, device, zero_fill=binding.zero_fill)
+        return aclOpExecutor(op, device, zero_fill=binding.zero_fill, inputs=inputs, outputs=outputs)
     kernel = _load_kernel(device, binding.spec, binding.function)
-    views = [t.view for t in binding.tensors]
-    return aclOpExecutor(op, device, kernel, views, _workspace_size(kernel, views), tensors=binding.tensors)
+    ws = _workspace_size(kernel, [t.view for t in binding.tensors])
+    return aclOpExecutor(op, device, kernel, binding.tensors, ws, inputs=inputs, outputs=outputs)
 
 
 def _workspace_size(kernel, views) -> int:
@@ -608,7 +701,7 @@ def aclnnGridSampler2DBackwardGetWorkspaceSize(gradOutput, input, grid, interpol
     deterministic = bool(current_context().options[ACL_OPT_DETERMINISTIC])
     return _executor(grid_sampler.ACLNN_NAME, dev, grid_sampler.bind(
         gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, mask, inputGrad, gridGrad,
-        target_for_driver(dev.name), deterministic))
+        target_for_driver(dev.name), deterministic), (gradOutput, input, grid), (inputGrad, gridGrad))
 
 
 @_status_call()
@@ -641,7 +734,8 @@ def aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(gradOut, outputSize, input
     layout, scales = upsample.check(gradOut, outputSize, inputSize, alignCorners, scalesH, scalesW, out)
     dev = gradOut.device
     _check_usable(dev)
-    return _executor(upsample.ACLNN_NAME, dev, upsample.bind(gradOut, alignCorners, out, layout, scales))
+    return _executor(upsample.ACLNN_NAME, dev, upsample.bind(gradOut, alignCorners, out, layout, scales), (gradOut,),
+                     (out,))
 
 
 @_status_call()

@@ -7,6 +7,7 @@ cuda); work on a stream is ordered by one IREE semaphore timeline.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import iree.runtime as rt
 import numpy as np
@@ -15,12 +16,25 @@ from .runtime.device import Device, element_type, get_device
 from .runtime.timeline import Timeline
 
 __all__ = ["aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer", "FORMATS",
-           "hal_element_type", "tensor_over", "descriptor", "import_or_upload", "aligned", "empty_aligned"]
+           "hal_element_type", "Storage", "host_storage", "storage_of", "view_over", "tensor_over", "descriptor", "import_or_upload", "aligned", "empty_aligned"]
 
 FORMATS = ("ND", "NCHW", "NHWC")
 # The kernels declare their buffer bindings 16-byte aligned: what NumPy (and malloc)
 # guarantees, so host arrays are imported without a copy.
 HOST_ALIGNMENT = 16
+
+class Storage(NamedTuple):
+    """The memory one tensor argument of a call refers to: the device buffer, a buffer view
+    of the tensor's shape over it, the host array imported into it (CPU devices; IREE's
+    import does not keep the array alive) or None, and the tensor's shape, dtype, format."""
+
+    buffer: object
+    view: object
+    host: object
+    shape: tuple
+    dtype: np.dtype
+    fmt: str
+
 
 def hal_element_type(dtype) -> int:
     """HAL element type of a NumPy dtype; raises KeyError for dtypes a tensor cannot hold."""
@@ -54,10 +68,11 @@ def empty_aligned(shape, dtype, alignment: int = 64) -> np.ndarray:
     array).  Sizes are multiplied as Python ints, so a huge shape never wraps around.
     """
     dtype = np.dtype(dtype)
-    nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
+    shape = tuple(map(int, shape))
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > MAX_HOST_BYTES:
         raise MemoryError(f"needs {nbytes} bytes, which cannot be allocated")
-    if math.prod(max(int(d), 1) for d in shape) * dtype.itemsize > MAX_HOST_BYTES:
+    if nbytes == 0 and math.prod(max(d, 1) for d in shape) * dtype.itemsize > MAX_HOST_BYTES:
         raise MemoryError("has extents too large for an array (even an empty one)")
     raw = np.empty(nbytes + alignment, np.uint8)
     start = (-raw.ctypes.data) % alignment
@@ -80,17 +95,33 @@ def import_or_upload(device: Device, array: np.ndarray) -> rt.HalBuffer:
     return device.upload(array)
 
 
-def tensor_over(device: Device, array: np.ndarray, fmt: str = "ND") -> "aclTensor":
-    """An aclTensor over the host array `array`: on CPU devices the kernels read and write
-    `array`'s own memory (imported, no copy; an array that is not C-contiguous or not
-    16-byte aligned is copied once); on other devices a device copy of it.
+def host_storage(device: Device, array: np.ndarray, fmt: str = "ND") -> "Storage":
+    """Device memory holding `array` for a tensor of its shape and dtype: on CPU devices the
+    array's own memory (imported, no copy; an array that is not C-contiguous or not 16-byte
+    aligned is copied once); on other devices a device copy of it.
 
     Raises KeyError for a dtype a tensor cannot hold, MemoryError when a needed copy cannot
     be allocated.
     """
-    array = aligned(array)
+    return storage_of(device, aligned(array), fmt)
+
+
+def storage_of(device: Device, array: np.ndarray, fmt: str = "ND") -> "Storage":
+    """host_storage of an array known to be C-contiguous and 16-byte aligned (empty_aligned's)."""
     buf = import_or_upload(device, array)
-    return aclTensor(device, buf, array.shape, array.dtype, fmt, host=array if device.is_host else None)
+    return Storage(buf, view_over(buf, array.shape, array.dtype), array if device.is_host else None, array.shape,
+                   array.dtype, fmt)
+
+
+def view_over(buffer: rt.HalBuffer, shape, dtype) -> rt.HalBufferView:
+    """A buffer view of `shape` and `dtype` over the start of `buffer`."""
+    return rt.HalBufferView(buffer, list(shape), element_type(dtype))
+
+
+def tensor_over(device: Device, array: np.ndarray, fmt: str = "ND") -> "aclTensor":
+    """An aclTensor over the host array `array` (host_storage: no copy on CPU devices when
+    it is C-contiguous and 16-byte aligned).  Raises KeyError, MemoryError as host_storage."""
+    return aclTensor.over(device, host_storage(device, array, fmt))
 
 
 def descriptor(device: Device, shape, dtype, fmt: str = "ND") -> "aclTensor":
@@ -122,6 +153,20 @@ class aclTensor:
         if view is None and buffer is not None:
             view = rt.HalBufferView(buffer, list(self.shape), etype)
         self.view = view  # over `buffer`, of `shape` (None: a descriptor)
+
+    @classmethod
+    def over(cls, device: Device, storage: "Storage") -> "aclTensor":
+        """A tensor referring to `storage` (host_storage, or a DLPack import)."""
+        return cls(device, storage.buffer, storage.shape, storage.dtype, storage.fmt, storage.host, storage.view)
+
+    def rebind(self, storage):
+        """Refers to other memory from now on (aclSetInputTensorAddr's refresh): `storage` of
+        this tensor's shape and dtype, or None for none (then the tensor is a descriptor
+        until it is bound again).  Work already queued keeps the memory it was given."""
+        if storage is None:
+            self.buffer = self.view = self.host = None
+        else:
+            self.buffer, self.view, self.host = storage.buffer, storage.view, storage.host
 
     @property
     def storage(self) -> tuple:
