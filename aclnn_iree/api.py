@@ -6,19 +6,23 @@ failing status becomes AclnnError.  So there is one code path for both layers.
 """
 from __future__ import annotations
 
+import collections
+import functools
+import math
 import re
 import threading
 
 import numpy as np
 
 from . import aclnn as A
+from .runtime import kernels
 from .runtime.device import on_fork_in_child
 from .errors import ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_PARAM_NULLPTR, ACLNN_SUCCESS, AclnnError
-from .tensors import aclTensor, descriptor, empty_aligned, tensor_over
+from .tensors import Storage, aclTensor, empty_aligned, host_storage, storage_of, view_over
 from .ops.grid_sampler import INTERPOLATION_NAMES, PADDING_NAMES
 
 __all__ = ["grid_sampler_2d_backward", "upsample_bilinear2d_backward", "thread_stream", "run_grid_sampler",
-           "run_upsample"]
+           "run_upsample", "no_storage"]
 
 _tls = threading.local()
 
@@ -28,6 +32,23 @@ def _forget_streams():
     """The parent's per-thread streams belong to its devices: a forked child makes new ones."""
     global _tls
     _tls = threading.local()
+
+
+# Calls with at most this much work (elements of grad_output plus of grad_input) run inline
+# on the calling thread, on IREE's local-sync device, when local-task is asked for: the
+# same compiled kernels and the same bits (tests/test_devices.py), without waking the
+# task workers, which costs more than such a call computes (100-250 us each on a 2-core
+# VM; more while PyTorch's OpenMP threads still spin).  PyTorch's parallel_for runs work
+# under its grain size inline for the same reason.  Measured crossovers (2 threads):
+# grid sampler about 1e5, upsample about 5e5 (README "Host overhead").
+INLINE_WORK = {"grid": 65536, "upsample": 262144}
+
+
+def call_device(device: str, op: str, work: int) -> str:
+    """The IREE device that runs a call of `op` ("grid" or "upsample") with `work`
+    elements: local-sync for small calls when `device` is local-task (INLINE_WORK), else
+    `device` itself."""
+    return "local-sync" if device == "local-task" and work <= INLINE_WORK[op] else device
 
 
 def thread_stream(device: str):
@@ -81,14 +102,14 @@ def _as_array(name, x) -> np.ndarray:
 _SUPPORTED = "supported: float16, bfloat16, float32, float64"
 
 
-def _host_tensor(dev, name, array, fmt="ND"):
-    """A device tensor over `array` (no copy on CPU devices when it is aligned, contiguous and
+def _host_storage(dev, name, array, fmt="ND") -> Storage:
+    """Device memory holding `array` (no copy on CPU devices when it is aligned, contiguous and
     writable: IREE imports only writable memory, so a read-only array is copied)."""
     try:
         if not array.flags.writeable:
             array = np.array(array, order="C")
         # np.ascontiguousarray would turn a 0-d array into shape (1,): keep the caller's shape.
-        return tensor_over(dev, array if array.flags.c_contiguous else np.ascontiguousarray(array), fmt)
+        return host_storage(dev, array if array.flags.c_contiguous else np.ascontiguousarray(array), fmt)
     except KeyError:
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} has dtype {array.dtype}; {_SUPPORTED}") from None
     except MemoryError:
@@ -97,23 +118,28 @@ def _host_tensor(dev, name, array, fmt="ND"):
                          "which cannot be allocated") from None
 
 
-def _output_tensor(dev, name, shape, dtype, fmt="ND"):
-    """An uninitialised output tensor (imported host memory on CPU devices)."""
+def _output_storage(dev, name, shape, dtype, fmt="ND") -> Storage:
+    """Uninitialised memory for an output: imported host memory on CPU devices, device memory
+    on others (read back after the call)."""
     dtype = np.dtype(dtype)
     try:
-        return tensor_over(dev, empty_aligned(shape, dtype), fmt)
+        if dev.is_host:
+            return storage_of(dev, empty_aligned(shape, dtype), fmt)
+        nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
+        buf = dev.allocate(nbytes)
+        return Storage(buf, view_over(buf, shape, dtype), None, tuple(shape), dtype, fmt)
     except KeyError:
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"dtype {dtype} is not supported; {_SUPPORTED}") from None
     except MemoryError as e:
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} of shape {tuple(shape)} {e}") from None
+    except RuntimeError as e:  # a device allocator's out-of-memory
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} of shape {tuple(shape)} cannot be allocated on "
+                                                  f"{dev.name}: {e}") from None
 
 
-def _descriptor(dev, name, shape, dtype, fmt="ND"):
+def no_storage(shape, dtype, fmt="ND") -> Storage:
     """A masked-out output: aclnn checks its shape, no kernel touches it, nothing is allocated."""
-    try:
-        return descriptor(dev, shape, dtype, fmt)
-    except KeyError:
-        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"dtype {np.dtype(dtype)} is not supported; {_SUPPORTED}") from None
+    return Storage(None, None, None, tuple(shape), np.dtype(dtype), fmt)
 
 
 def _output_mask(output_mask) -> list:
@@ -153,36 +179,134 @@ def _workspace(stream, ws_size):
     return ws
 
 
-def _execute(stream, status, ws_size, executor, run):
-    """Takes the workspace phase 1 asked for, runs phase 2 and waits for it."""
-    _check(status)
-    workspace = _workspace(stream, ws_size) if ws_size > 0 else None
-    _check(run(workspace, ws_size, executor, stream))
-    _check(A.aclrtSynchronizeStream(stream))
+# Executors kept per thread (the aclnn way to skip phase 1: a repeatable executor whose
+# tensors are pointed at each call's memory, as aclSetInputTensorAddr does).
+_EXECUTORS_PER_THREAD = 64
 
 
-def run_grid_sampler(stream, grad_output, input, grid, grad_input, grad_grid, interpolation_mode, padding_mode,
-                     align_corners, output_mask, deterministic=None):
-    """Both phases of aclnnGridSampler2DBackward on aclTensors, waiting for the result.
+def _cached_executor(key):
+    """This thread's repeatable executor for the call signature `key`, or None (also when
+    the modules were unloaded since it was made: runtime.kernels.unload_modules)."""
+    cache = getattr(_tls, "executors", None)
+    if cache is None:
+        cache = _tls.executors = collections.OrderedDict()
+    entry = cache.get(key)
+    if entry is None:
+        return None
+    if entry[0] != kernels.generation:
+        del cache[key]
+        A.aclDestroyAclOpExecutor(entry[1])
+        return None
+    cache.move_to_end(key)
+    return entry[1]
 
-    The Pythonic and torch layers share it: the outputs are aclTensors over the caller's
-    memory (a `descriptor` for a masked-out one).  Raises AclnnError.
+
+def _remember_executor(key, ex):
+    cache = _tls.executors
+    cache[key] = (kernels.generation, ex)
+    while len(cache) > _EXECUTORS_PER_THREAD:
+        _, (_, old) = cache.popitem(last=False)
+        A.aclDestroyAclOpExecutor(old)
+
+
+def _typed(values) -> tuple:
+    """Call-signature entries that tell True from 1 and 2.0 from 2 (phase 1 checks types)."""
+    return tuple((type(v), v) for v in values)
+
+
+def _run(stream, key, storages, phase1, phase2, read):
+    """Runs one call: phase 1 (or this thread's executor from an earlier call with the same
+    signature `key`: phase 1 is a function of it alone), phase 2, and waits for it.
+
+    storages: the call's tensors in aclnn's order (inputs, then outputs), as
+    tensors.Storage (a masked-out output without memory: no_storage).  phase1(tensors)
+    returns (status, workspaceSize, executor); read(output aclTensor) takes a result
+    before the executor lets go of the memory.  key None: not cached.  Raises AclnnError.
     """
-    with A.scoped_determinism(deterministic):
-        status, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
-            grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
-            A.aclCreateBoolArray(list(output_mask)), grad_input, grad_grid)
-    _execute(stream, status, ws, ex, A.aclnnGridSampler2DBackward)
+    ex = _cached_executor(key) if key is not None else None
+    if ex is None:
+        ex = _phase1(stream.device, storages, phase1)
+        if key is not None and ex.kernel is not None:  # an empty call is not worth keeping
+            _check(A.aclSetAclOpExecutorRepeatable(ex))
+            _remember_executor(key, ex)
+    else:
+        A.rebind(ex, storages)
+    outputs = ex.outputs
+    try:
+        workspace = _workspace(stream, ex.workspace_size) if ex.workspace_size > 0 else None
+        _check(phase2(workspace, ex.workspace_size, ex, stream))
+        _check(A.aclrtSynchronizeStream(stream))
+        return [read(t) if t.buffer is not None else None for t in outputs]
+    finally:
+        if ex.repeatable:
+            A.unbind(ex)
 
 
-def run_upsample(stream, grad_output, output_size, input_size, align_corners, scales_h, scales_w, out):
-    """Both phases of aclnnUpsampleBilinear2dBackwardV2 on aclTensors (scales None: not
-    given), waiting for the result.  Raises AclnnError."""
-    osz, isz = _int_array("output_size", output_size), _int_array("input_size", input_size)
-    status, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
-        grad_output, osz, isz, align_corners, -1.0 if scales_h is None else scales_h,
-        -1.0 if scales_w is None else scales_w, out)
-    _execute(stream, status, ws, ex, A.aclnnUpsampleBilinear2dBackwardV2)
+def _phase1(dev, storages, phase1):
+    try:
+        tensors = [aclTensor.over(dev, s) for s in storages]
+    except KeyError:
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"dtype {storages[0].dtype} is not supported; {_SUPPORTED}") from None
+    status, _, ex = phase1(tensors)
+    _check(status)
+    return ex
+
+
+def _result(t):
+    return t.result()
+
+
+def run_grid_sampler(stream, storages, interpolation_mode, padding_mode, align_corners, output_mask,
+                     deterministic=None, read=_result):
+    """aclnnGridSampler2DBackward on `storages` (grad_output, input, grid, grad_input,
+    grad_grid; a masked-out output as no_storage), waiting for the result; returns
+    [read(grad_input tensor) or None, read(grad_grid tensor) or None].
+
+    The Pythonic and torch layers share it.  Raises AclnnError.
+    """
+    if deterministic is None:
+        deterministic = bool(A.current_context().options[A.ACL_OPT_DETERMINISTIC])
+    key = ("grid", stream.device, *((s.shape, s.dtype, s.fmt) for s in storages), *_typed(
+        (interpolation_mode, padding_mode, align_corners, deterministic)), tuple(output_mask))
+
+    def phase1(t):
+        with A.scoped_determinism(deterministic):
+            return A.aclnnGridSampler2DBackwardGetWorkspaceSize(
+                t[0], t[1], t[2], interpolation_mode, padding_mode, align_corners,
+                A.aclCreateBoolArray(list(output_mask)), t[3], t[4])
+    return _run(stream, key, storages, phase1, A.aclnnGridSampler2DBackward, read)
+
+
+def run_upsample(stream, storages, output_size, input_size, align_corners, scales_h, scales_w, read=_result):
+    """aclnnUpsampleBilinear2dBackwardV2 on `storages` (grad_output, grad_input; scales None:
+    not given), waiting for the result; returns [read(grad_input tensor)].  Raises AclnnError."""
+    try:
+        key = ("up", stream.device, *((s.shape, s.dtype, s.fmt) for s in storages), _typed(output_size),
+               _typed(input_size), *_typed((align_corners, scales_h, scales_w)))
+        hash(key)
+    except TypeError:  # not hashable: let phase 1 say what is wrong
+        key = None
+
+    def phase1(t):
+        osz, isz = _int_array("output_size", output_size), _int_array("input_size", input_size)
+        return A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
+            t[0], osz, isz, align_corners, -1.0 if scales_h is None else scales_h,
+            -1.0 if scales_w is None else scales_w, t[1])
+    return _run(stream, key, storages, phase1, A.aclnnUpsampleBilinear2dBackwardV2, read)
+
+
+def _int_values(name, values) -> tuple:
+    """The values of _int_array(name, values), remembered per typed value tuple (making an
+    aclIntArray costs ~10 us; sizes repeat from call to call)."""
+    try:
+        return _checked_int_values(name, _typed(values))
+    except TypeError:  # not a sequence of hashables: _int_array says what is wrong
+        return _int_array(name, values).values
+
+
+@functools.lru_cache(maxsize=1024)
+def _checked_int_values(name, typed: tuple) -> tuple:
+    return _int_array(name, [v for _, v in typed]).values
 
 
 def _int_array(name, values):
@@ -229,16 +353,18 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     mask = _output_mask(output_mask)
     interpolation_mode = _mode("interpolation_mode", interpolation_mode, INTERPOLATION_NAMES)
     padding_mode = _mode("padding_mode", padding_mode, PADDING_NAMES)
-    stream = thread_stream(device)
+    N, C = x.shape[:2] if x.ndim == 4 else (0, 0)
+    work = N * C * (math.prod(g.shape[1:3]) if g.ndim == 4 else 0) + x.size
+    stream = thread_stream(call_device(device, "grid", work))
     dev = stream.device
     # The kernels write every element of a requested output (and the empty-input path
     # zero-fills it), so outputs start uninitialised.  A masked-out output still needs a
     # tensor of the right shape (aclnn requires both); on CPU devices it is never touched.
-    tensors = [_host_tensor(dev, n, a) for n, a in (("grad_output", go), ("input", x), ("grid", g))]
-    outs = [(_output_tensor if m else _descriptor)(dev, name, a.shape, a.dtype)
-            for name, a, m in (("grad_input", x, mask[0]), ("grad_grid", g, mask[1]))]
-    run_grid_sampler(stream, *tensors, *outs, interpolation_mode, padding_mode, align_corners, mask, deterministic)
-    return tuple(t.result() if m else None for t, m in zip(outs, mask))
+    storages = [_host_storage(dev, n, a) for n, a in (("grad_output", go), ("input", x), ("grid", g))]
+    storages += [(_output_storage(dev, name, a.shape, a.dtype) if m else no_storage(a.shape, a.dtype))
+                 for name, a, m in (("grad_input", x, mask[0]), ("grad_grid", g, mask[1]))]
+    return tuple(run_grid_sampler(stream, storages, interpolation_mode, padding_mode, align_corners, mask,
+                                  deterministic))
 
 
 def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners=False, scales_h=None,
@@ -270,14 +396,13 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
             raise AclnnError(ACLNN_ERR_PARAM_NULLPTR, f"{name} is None")
     if memory_format not in ("NCHW", "NHWC"):
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"memory_format must be 'NCHW' or 'NHWC', got {memory_format!r}")
-    isz = _int_array("input_size", input_size).values
-    _int_array("output_size", output_size)
+    isz = _int_values("input_size", input_size)
+    _int_values("output_size", output_size)
     if len(isz) == 4 and any(v < 0 for v in isz):
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"input_size has a negative entry: {isz}")
-    stream = thread_stream(device)
-    dev = stream.device
     out_shape = isz if len(isz) == 4 else (0, 0, 0, 0)
-    gt = _host_tensor(dev, "grad_output", go, memory_format)
-    out = _output_tensor(dev, "grad_input", out_shape, go.dtype, memory_format)
-    run_upsample(stream, gt, output_size, input_size, align_corners, scales_h, scales_w, out)
-    return out.result()
+    stream = thread_stream(call_device(device, "upsample", go.size + math.prod(out_shape)))
+    dev = stream.device
+    storages = [_host_storage(dev, "grad_output", go, memory_format),
+                _output_storage(dev, "grad_input", out_shape, go.dtype, memory_format)]
+    return run_upsample(stream, storages, output_size, input_size, align_corners, scales_h, scales_w)[0]

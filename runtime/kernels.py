@@ -140,14 +140,27 @@ class Kernel:
 
 _modules: dict = {}
 _lock = threading.Lock()
+# Bumped whenever the loaded modules are forgotten: whoever keeps a Kernel between calls
+# (the Pythonic layer's executors) compares it to know its kernel is still the loaded one.
+generation = 0
 
 
 @on_fork_in_child
 def _forget_modules():
     """Modules loaded in the parent belong to its devices; a forked child loads its own."""
-    global _modules, _lock
+    global _modules, _lock, generation
     _modules = {}
     _lock = threading.Lock()
+    generation += 1
+
+
+def unload_modules():
+    """Forgets every loaded module: the next call of each kernel loads it from the artifact
+    store again (e.g. after the store changed).  Work already queued keeps its module."""
+    global _modules, generation
+    with _lock:
+        _modules = {}
+        generation += 1
 
 
 def load_module(device: Device, spec) -> LoadedModule:

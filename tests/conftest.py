@@ -66,6 +66,14 @@ def prepare_modules(name: str):
         store.prepare(all_specs(), name)
 
 
+def no_loaded_modules(monkeypatch):
+    """For the test's duration no module loaded earlier in this process answers a call (nor a
+    kept executor's kernel: the generation moves on); restored afterwards."""
+    from aclnn_iree.runtime import kernels
+    monkeypatch.setattr(kernels, "_modules", {})
+    monkeypatch.setattr(kernels, "generation", kernels.generation + 1)
+
+
 @pytest.fixture(scope="session", params=DEVICES)
 def device(request):
     """The IREE device a numerical test runs on (one test instance per device), with every

@@ -23,7 +23,8 @@ from aclnn_iree.compiler.build import ArtifactStore
 from aclnn_iree.compiler.key import artifact_key
 from aclnn_iree.compiler.specs import all_specs
 from aclnn_iree.errors import ACLNN_ERR_INNER_FIND_KERNEL_ERROR, AclnnError
-from aclnn_iree.runtime import kernels, store
+from aclnn_iree.runtime import store
+from conftest import no_loaded_modules
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO / "templates"
@@ -235,7 +236,7 @@ def test_offline_mode_raises_artifact_missing(tmp_path, monkeypatch):
     monkeypatch.setenv("ACLNN_IREE_CACHE", str(cache))
     monkeypatch.delenv("ACLNN_IREE_ARTIFACTS", raising=False)
     monkeypatch.setattr(store, "PROJECT_ARTIFACTS", tmp_path / "no-project-artifacts")
-    monkeypatch.setattr(kernels, "_modules", {})  # no module loaded earlier in this process may answer
+    no_loaded_modules(monkeypatch)
     spec = GridSamplerSpec("nearest", "reflection", True, "float32")
     store.set_offline(True)
     store.set_artifacts_dir(empty)

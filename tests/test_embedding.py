@@ -68,15 +68,13 @@ def _run(vmfb, function, inputs, outputs, cwd):
 
 def _api_result(store_dir, fn):
     """fn() run by the Python API on the artifacts of `store_dir` (global state restored afterwards)."""
-    saved = dict(kernels._modules)
-    kernels._modules.clear()
+    kernels.unload_modules()
     store.set_artifacts_dir(store_dir)
     try:
         return fn()
     finally:
         store.set_artifacts_dir(None)
-        kernels._modules.clear()
-        kernels._modules.update(saved)
+        kernels.unload_modules()
 
 
 def _workspace_arg(entry, function):

@@ -24,6 +24,7 @@ from aclnn_iree.compiler import GridSamplerSpec, UpsampleSpec, get_target
 from aclnn_iree.compiler.build import ArtifactStore
 from aclnn_iree.errors import ACLNN_ERR_INNER_FIND_KERNEL_ERROR, AclnnError
 from aclnn_iree.runtime import kernels, store
+from conftest import no_loaded_modules
 
 TARGET = get_target("llvm-cpu")
 SPEC = GridSamplerSpec("bilinear", "zeros", False, "float32")
@@ -61,7 +62,7 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.delenv("ACLNN_IREE_ARTIFACTS", raising=False)
     monkeypatch.delenv("ACLNN_IREE_OFFLINE", raising=False)
     monkeypatch.setattr(store, "PROJECT_ARTIFACTS", tmp_path / "no-project-artifacts")
-    monkeypatch.setattr(kernels, "_modules", {})
+    no_loaded_modules(monkeypatch)
     return cache
 
 
@@ -169,7 +170,7 @@ def test_malformed_manifest_entry_is_corrupt_and_rebuilt(isolated, bad):
     m = st.manifest()
     m["artifacts"][ArtifactStore.artifact_id(SPEC, TARGET)] = bad
     Path(isolated, "manifest.json").write_text(json.dumps(m))
-    kernels._modules.clear()
+    kernels.unload_modules()
     if bad is not None:
         assert st.status(SPEC, TARGET) == "corrupt"
         with pytest.warns(RuntimeWarning, match="malformed"):

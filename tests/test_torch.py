@@ -196,21 +196,22 @@ def test_no_copies_of_contiguous_tensors_on_the_cpu(monkeypatch):
     device buffers the aclnn layer gets map onto the tensors' own memory (DLPack for
     PyTorch's 64-byte aligned allocations, a NumPy view for other aligned memory)."""
     seen = []
-    real = _bridge._acl
+    real = _bridge._storage
 
     def spy(device, t, fmt="ND"):
-        a = real(device, t, fmt)
-        mapped = a.buffer.map().asarray([a.nbytes], np.dtype(np.uint8)).ctypes.data
+        s = real(device, t, fmt)
+        nbytes = t.numel() * t.element_size()
+        mapped = s.buffer.map().asarray([nbytes], np.dtype(np.uint8)).ctypes.data
         seen.append((t.data_ptr(), mapped))
-        return a
+        return s
 
-    monkeypatch.setattr(_bridge, "_acl", spy)
+    monkeypatch.setattr(_bridge, "_storage", spy)
     for dtype in (torch.float32, torch.bfloat16):
         seen.clear()
         go, x, grid = torch.randn(2, 3, 4, 5, dtype=dtype), torch.randn(2, 3, 6, 6, dtype=dtype), \
             (torch.rand(2, 4, 5, 2) * 2 - 1).to(dtype)
         dx, dg = OPS.grid_sampler_2d_backward(go, x, grid, 0, 0, False, [True, True])
-        assert [p for p, _ in seen] == [dx.data_ptr(), dg.data_ptr(), go.data_ptr(), x.data_ptr(), grid.data_ptr()]
+        assert [p for p, _ in seen] == [go.data_ptr(), x.data_ptr(), grid.data_ptr(), dx.data_ptr(), dg.data_ptr()]
         assert all(p == m for p, m in seen), seen
         seen.clear()
         gu = torch.randn(2, 3, 8, 10, dtype=dtype).contiguous(memory_format=torch.channels_last)
@@ -444,8 +445,9 @@ def test_cuda_tensors_run_on_iree_cuda_without_copies(dtype, monkeypatch):
     tensors' own memory."""
     require_device("cuda")
     imported = []
-    real = _bridge._acl
-    monkeypatch.setattr(_bridge, "_acl", lambda dev, t, fmt="ND": imported.append(t.data_ptr()) or real(dev, t, fmt))
+    real = _bridge._storage
+    monkeypatch.setattr(_bridge, "_storage",
+                        lambda dev, t, fmt="ND": imported.append(t.data_ptr()) or real(dev, t, fmt))
     case = grid_case(0, 1, False, "random")
     go, x, grid = case.inputs(dtype)
     xt, gt = (_t(a, dtype).cuda().requires_grad_(True) for a in (x, grid))

@@ -21,7 +21,7 @@ import torch
 from .. import api
 from ..errors import AclnnError
 from ..runtime.device import DeviceUnavailable, get_device
-from ..tensors import aclTensor, descriptor, tensor_over
+from ..tensors import Storage, host_storage
 
 __all__ = ["set_cpu_device", "get_cpu_device", "SUPPORTED_DTYPES", "grid_sampler_backward", "upsample_backward",
            "iree_device_for", "is_channels_last"]
@@ -96,15 +96,15 @@ def _numpy_view(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def _acl(device, t: torch.Tensor, fmt: str = "ND") -> aclTensor:
-    """An aclTensor over `t` (C-contiguous in the order the kernel reads).
+def _storage(device, t: torch.Tensor, fmt: str = "ND") -> Storage:
+    """Device memory for `t` (C-contiguous in the order the kernel reads).
 
     A CPU tensor on a CPU device, or a CUDA tensor on IREE's cuda device, is imported
     through DLPack: the kernel reads and writes the tensor's own memory, and IREE's buffer
     holds the DLPack capsule, so the memory stays alive while a launch uses it.  IREE
     imports only memory on a 64-byte boundary that way (PyTorch's allocations are); other
     CPU memory (a view at an offset, a tensor over a NumPy array) goes in as a NumPy view,
-    also without a copy where it is 16-byte aligned (tensors.tensor_over).  A CPU tensor on
+    also without a copy where it is 16-byte aligned (tensors.host_storage).  A CPU tensor on
     a GPU device (Vulkan) is copied to it; a misaligned CUDA tensor is cloned first.
     """
     cuda = t.device.type == "cuda"
@@ -113,39 +113,34 @@ def _acl(device, t: torch.Tensor, fmt: str = "ND") -> aclTensor:
             t = t.clone()
         if t.data_ptr() % 64 == 0:
             view = device.hal.from_dlpack_capsule(torch.utils.dlpack.to_dlpack(t.detach()))
-            return aclTensor(device, view.get_buffer(), tuple(t.shape), _numpy_dtype(t.dtype), fmt, view=view)
-    return tensor_over(device, _numpy_view(t), fmt)
+            return Storage(view.get_buffer(), view, None, tuple(t.shape), _numpy_dtype(t.dtype), fmt)
+    return host_storage(device, _numpy_view(t), fmt)
 
 
-def _copy_back(acl: aclTensor, t: torch.Tensor):
-    """Copies a device result into the CPU tensor `t` where the kernel did not write `t`
-    itself (a CPU tensor computed on a GPU device)."""
-    if t.device.type == "cpu" and not acl.device.is_host and t.numel():
-        _numpy_view(t)[...] = acl.numpy()
+def _reader(targets):
+    """read() for api.run_*: copies a device result into its CPU tensor where the kernel did
+    not write that tensor itself (a CPU tensor computed on a GPU device)."""
+    targets = iter(targets)
+
+    def read(acl):
+        t = next(targets)
+        if t.device.type == "cpu" and not acl.device.is_host and t.numel():
+            _numpy_view(t)[...] = acl.numpy()
+        return t
+    return read
 
 
 class _Launch:
-    """One call's IREE side: the device, the thread's stream, and the tensors to copy back."""
+    """One call's IREE side: the device and the thread's stream."""
 
     def __init__(self, name: str, tensors):
         self.device = get_device(name)
         self.stream = api.thread_stream(name)
-        self.cuda = tensors[0].device.type == "cuda"
-        if self.cuda:  # IREE cannot wait on PyTorch's stream: the inputs must be ready
+        if tensors[0].device.type == "cuda":  # IREE cannot wait on PyTorch's stream: the inputs must be ready
             torch.cuda.current_stream(tensors[0].device).synchronize()
-        self.outputs = []
 
-    def input(self, t, fmt="ND"):
-        return _acl(self.device, t, fmt)
-
-    def output(self, t, fmt="ND"):
-        acl = _acl(self.device, t, fmt)
-        self.outputs.append((acl, t))
-        return acl
-
-    def finish(self):
-        for acl, t in self.outputs:
-            _copy_back(acl, t)
+    def storage(self, t, fmt="ND"):
+        return _storage(self.device, t, fmt)
 
 
 def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
@@ -154,20 +149,15 @@ def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, pa
     wrote; a masked-out gradient is None.  Inputs are made contiguous (the kernels read NCHW:
     a channels_last or strided input is copied once).  Raises AclnnError."""
     go, x, g = (t.contiguous() for t in (grad_output, input, grid))
-    run = _Launch(name, (go, x, g))
-    outs, accs = [], []
-    for like, m in ((x, output_mask[0]), (g, output_mask[1])):
-        if m:
-            t = torch.empty(like.shape, dtype=like.dtype, device=like.device)
-            outs.append(t)
-            accs.append(run.output(t))
-        else:
-            outs.append(None)
-            accs.append(descriptor(run.device, tuple(like.shape), _numpy_dtype(like.dtype)))
-    api.run_grid_sampler(run.stream, run.input(go), run.input(x), run.input(g), *accs, int(interpolation_mode),
-                         int(padding_mode), bool(align_corners), [bool(m) for m in output_mask])
-    run.finish()
-    return tuple(outs)
+    run = _Launch(api.call_device(name, "grid", go.numel() + x.numel()), (go, x, g))
+    mask = [bool(m) for m in output_mask]
+    outs = [torch.empty(like.shape, dtype=like.dtype, device=like.device) if m else None
+            for like, m in ((x, mask[0]), (g, mask[1]))]
+    storages = [run.storage(go), run.storage(x), run.storage(g)]
+    storages += [run.storage(t) if t is not None else api.no_storage(tuple(like.shape), _numpy_dtype(like.dtype))
+                 for t, like in ((outs[0], x), (outs[1], g))]
+    return tuple(api.run_grid_sampler(run.stream, storages, int(interpolation_mode), int(padding_mode),
+                                      bool(align_corners), mask, read=_reader(t for t in outs if t is not None)))
 
 
 def upsample_backward(name, grad_output, output_size, input_size, align_corners, scales_h, scales_w):
@@ -179,15 +169,14 @@ def upsample_backward(name, grad_output, output_size, input_size, align_corners,
     go = grad_output.contiguous(memory_format=fmt)
     N, C, H, W = (int(v) for v in input_size)
     out = torch.empty((N, C, H, W), dtype=go.dtype, device=go.device, memory_format=fmt)
-    run = _Launch(name, (go,))
+    run = _Launch(api.call_device(name, "upsample", go.numel() + out.numel()), (go,))
     if nhwc:  # the kernels take NHWC as (N, H, W, C) arrays, C fastest
-        go_a, out_a = run.input(go.permute(0, 2, 3, 1), "NHWC"), run.output(out.permute(0, 2, 3, 1), "NHWC")
+        storages = [run.storage(go.permute(0, 2, 3, 1), "NHWC"), run.storage(out.permute(0, 2, 3, 1), "NHWC")]
         isz = (N, H, W, C)
     else:
-        go_a, out_a, isz = run.input(go, "NCHW"), run.output(out, "NCHW"), (N, C, H, W)
-    api.run_upsample(run.stream, go_a, [int(v) for v in output_size], isz, bool(align_corners), scales_h, scales_w,
-                     out_a)
-    run.finish()
+        storages, isz = [run.storage(go, "NCHW"), run.storage(out, "NCHW")], (N, C, H, W)
+    api.run_upsample(run.stream, storages, [int(v) for v in output_size], isz, bool(align_corners), scales_h,
+                     scales_w, read=_reader([out]))
     return out
 
 

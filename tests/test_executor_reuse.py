@@ -1,0 +1,274 @@
+"""Phase 1 once, phase 2 on new data: aclSetInputTensorAddr / aclSetOutputTensorAddr, the
+executors the Pythonic and torch layers keep per call signature, and small calls run inline.
+
+CANN lets a repeatable executor run on other memory after its tensors' addresses are
+refreshed (aclSetInputTensorAddr); the Pythonic layer keeps such executors per thread, so
+a repeated call skips phase 1.  These tests check that a reused executor computes what a
+fresh phase 1 would (the float64 reference within the dtype's bound, and the same bits as
+a fresh call), that the statuses of bad refreshes are aclnn's, that no kept executor
+holds a caller's array, and that the inline (local-sync) path gives local-task's bits.
+"""
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+
+import numpy as np
+import pytest
+
+from aclnn_iree import aclnn as A
+from aclnn_iree import api
+from aclnn_iree import reference as R
+from aclnn_iree.errors import ACLNN_ERR_INNER_NULLPTR, ACLNN_ERR_PARAM_INVALID, ACLNN_SUCCESS as SUCCESS
+from aclnn_iree.tensors import empty_aligned
+from test_aclnn import (BF16, assert_bitwise, assert_close, execute, expect_status, gs_arrays, gs_phase1,
+                        gs_tensors, up_arrays, up_phase1)
+
+
+@pytest.fixture
+def stream():
+    status, s = A.aclrtCreateStream("local-task")
+    assert status == SUCCESS, A.aclGetRecentErrMsg()
+    yield s
+    A.aclrtDestroyStream(s)
+
+
+def _aligned_copy(a):
+    out = empty_aligned(a.shape, a.dtype)
+    out[...] = a
+    return out
+
+
+# ----------------------------------------------------------------------------- aclnn layer
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, BF16], ids=lambda d: np.dtype(d).name)
+def test_repeatable_grid_executor_on_new_data(stream, dtype):
+    """One phase 1, then phase 2 on three sets of data through refreshed addresses: each
+    result is the float64 reference's within the dtype's bound and a fresh call's bits."""
+    go, x, grid = gs_arrays(dtype=dtype, seed=0)
+    ts = gs_tensors(go, x, grid)
+    status, ws, ex = gs_phase1(*ts, mode=0, pad=1, ac=True)
+    assert status == SUCCESS and A.aclSetAclOpExecutorRepeatable(ex) == SUCCESS
+    st, workspace = A.aclrtMalloc(max(ws, 1), stream)
+    assert st == SUCCESS
+    for seed in (1, 2, 3):
+        arrays = [_aligned_copy(a) for a in gs_arrays(dtype=dtype, seed=seed)]
+        outs = [empty_aligned(a.shape, a.dtype) for a in (arrays[1], arrays[2])]
+        for i, (t, a) in enumerate(zip(ts[:3], arrays)):
+            assert A.aclSetInputTensorAddr(ex, i, t, a) == SUCCESS, A.aclGetRecentErrMsg()
+        for i, (t, a) in enumerate(zip(ts[3:], outs)):
+            assert A.aclSetOutputTensorAddr(ex, i, t, a) == SUCCESS, A.aclGetRecentErrMsg()
+        assert A.aclnnGridSampler2DBackward(workspace, ws, ex, stream) == SUCCESS, A.aclGetRecentErrMsg()
+        assert A.aclrtSynchronizeStream(stream) == SUCCESS
+        ref_dx, ref_dg = R.grid_sampler_2d_backward(*(a.astype(np.float64) for a in arrays), 0, 1, True)
+        assert_close(outs[0], ref_dx, dtype)
+        assert_close(outs[1], ref_dg, dtype)
+        fresh = api.grid_sampler_2d_backward(*arrays, 0, 1, True)
+        assert_bitwise(outs[0], fresh[0])
+        assert_bitwise(outs[1], fresh[1])
+    assert A.aclDestroyAclOpExecutor(ex) == SUCCESS
+
+
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+def test_repeatable_upsample_executor_on_device_buffers(stream, fmt):
+    """aclrtMalloc'd memory as the new addresses: the upsample's result on the second data
+    is the reference's, and the old output is left as the first call wrote it."""
+    garr, _, osz, isz = up_arrays(fmt=fmt, seed=0)
+    go_t = A.aclCreateTensor(garr, fmt)
+    out_t = A.aclCreateTensor(shape=isz, dtype=np.float32, format=fmt)
+    status, ws, ex = up_phase1(go_t, osz, isz, False, -1.0, -1.0, out_t)
+    assert status == SUCCESS and A.aclSetAclOpExecutorRepeatable(ex) == SUCCESS
+    execute((status, ws, ex), stream, A.aclnnUpsampleBilinear2dBackwardV2)
+    first = out_t.numpy()
+    g2, g2_nchw, _, _ = up_arrays(fmt=fmt, seed=5)
+    st, gbuf = A.aclrtMalloc(g2.nbytes, stream)
+    st2, obuf = A.aclrtMalloc(first.nbytes, stream)
+    assert st == st2 == SUCCESS
+    gbuf.buffer.map().asarray([g2.nbytes], np.dtype(np.uint8))[...] = g2.reshape(-1).view(np.uint8)
+    assert A.aclSetInputTensorAddr(ex, 0, go_t, gbuf) == SUCCESS, A.aclGetRecentErrMsg()
+    assert A.aclSetOutputTensorAddr(ex, 0, out_t, obuf) == SUCCESS, A.aclGetRecentErrMsg()
+    execute((SUCCESS, ws, ex), stream, A.aclnnUpsampleBilinear2dBackwardV2)
+    got = out_t.numpy()
+    N, C, Hi, Wi = (isz[0], isz[3], isz[1], isz[2]) if fmt == "NHWC" else isz
+    ref = R.upsample_bilinear2d_backward(g2_nchw.astype(np.float64), osz, (N, C, Hi, Wi), False, None, None)
+    assert_close(got.transpose(0, 3, 1, 2) if fmt == "NHWC" else got, ref, np.float32)
+    assert not np.array_equal(got, first)
+    A.aclDestroyAclOpExecutor(ex)
+
+
+def test_set_tensor_addr_statuses(stream):
+    go, x, grid = gs_arrays()
+    ts = gs_tensors(go, x, grid)
+    status, ws, ex = gs_phase1(*ts)
+    assert status == SUCCESS
+    good = _aligned_copy(x)
+    expect_status(A.aclSetInputTensorAddr(None, 0, ts[0], good), ACLNN_ERR_INNER_NULLPTR, "executor")
+    expect_status(A.aclSetInputTensorAddr(ex, 1, None, good), ACLNN_ERR_INNER_NULLPTR, "tensor")
+    expect_status(A.aclSetInputTensorAddr(ex, 3, ts[1], good), ACLNN_ERR_PARAM_INVALID, "out of range")
+    expect_status(A.aclSetInputTensorAddr(ex, True, ts[1], good), ACLNN_ERR_PARAM_INVALID, "out of range")
+    expect_status(A.aclSetOutputTensorAddr(ex, 2, ts[3], good), ACLNN_ERR_PARAM_INVALID, "out of range")
+    expect_status(A.aclSetInputTensorAddr(ex, 0, ts[1], good), ACLNN_ERR_PARAM_INVALID, "not input 0")
+    expect_status(A.aclSetInputTensorAddr(ex, 1, ts[1], good[:, :, :2]), ACLNN_ERR_PARAM_INVALID, "bytes")
+    expect_status(A.aclSetInputTensorAddr(ex, 1, ts[1], np.asfortranarray(good)), ACLNN_ERR_PARAM_INVALID,
+                  "contiguous")
+    ro = _aligned_copy(x)
+    ro.flags.writeable = False
+    expect_status(A.aclSetInputTensorAddr(ex, 1, ts[1], ro), ACLNN_ERR_PARAM_INVALID, "writable")
+    raw = empty_aligned((x.size + 1,), np.float32)
+    expect_status(A.aclSetInputTensorAddr(ex, 1, ts[1], raw[1:].reshape(x.shape)), ACLNN_ERR_PARAM_INVALID,
+                  "aligned")
+    expect_status(A.aclSetInputTensorAddr(ex, 1, ts[1], [1.0] * x.size), ACLNN_ERR_PARAM_INVALID, "aclrtBuffer")
+    st, small = A.aclrtMalloc(8, stream)
+    expect_status(A.aclSetInputTensorAddr(ex, 1, ts[1], small), ACLNN_ERR_PARAM_INVALID, "at least")
+    st, other = A.aclrtMalloc(x.nbytes, "local-sync")
+    expect_status(A.aclSetInputTensorAddr(ex, 1, ts[1], other), ACLNN_ERR_PARAM_INVALID, "local-task")
+    # a failed refresh changed nothing: the call still runs on the tensors' own data
+    execute((status, ws, ex), stream, A.aclnnGridSampler2DBackward)
+    assert_bitwise(ts[3].numpy(), api.grid_sampler_2d_backward(go, x, grid)[0])
+    # the single-use executor was released by its run
+    expect_status(A.aclSetInputTensorAddr(ex, 1, ts[1], good), A.ACLNN_ERR_INNER_NOT_TRANS_EXECUTOR)
+
+
+def test_refresh_while_a_launch_is_queued_keeps_its_memory(stream):
+    """A launch keeps the memory it was given: refreshing and dropping the old arrays while it
+    is queued neither frees what it reads nor redirects where it writes."""
+    go, x, grid = (_aligned_copy(a) for a in gs_arrays(N=4, C=16, H=64, W=64, Ho=64, Wo=64))
+    ts = gs_tensors(go, x, grid)
+    status, ws, ex = gs_phase1(*ts)
+    assert status == SUCCESS and A.aclSetAclOpExecutorRepeatable(ex) == SUCCESS
+    st, workspace = A.aclrtMalloc(ws, stream)
+    out_dx = empty_aligned(x.shape, x.dtype)
+    assert A.aclSetOutputTensorAddr(ex, 0, ts[3], out_dx) == SUCCESS
+    x_copy = _aligned_copy(x)
+    assert A.aclSetInputTensorAddr(ex, 1, ts[1], x_copy) == SUCCESS
+    alive = weakref.ref(x_copy)
+    assert A.aclnnGridSampler2DBackward(workspace, ws, ex, stream) == SUCCESS
+    assert A.aclSetInputTensorAddr(ex, 1, ts[1], _aligned_copy(x * 0)) == SUCCESS
+    assert A.aclSetOutputTensorAddr(ex, 0, ts[3], empty_aligned(x.shape, x.dtype)) == SUCCESS
+    del x_copy
+    gc.collect()
+    assert A.aclrtSynchronizeStream(stream) == SUCCESS
+    assert_bitwise(out_dx, api.grid_sampler_2d_backward(go, x, grid)[0])
+    gc.collect()
+    assert alive() is None  # released once the launch had run
+    A.aclDestroyAclOpExecutor(ex)
+
+
+# ----------------------------------------------------------------------------- Pythonic layer
+def _kept():
+    return {k: ex for k, (_, ex) in getattr(api._tls, "executors", {}).items()}
+
+
+def test_pythonic_call_reuses_its_executor_and_keeps_no_array():
+    """The second call with one signature reuses the first call's executor; after a call the
+    kept executor refers to none of the caller's arrays or the results."""
+    go, x, grid = gs_arrays(C=5, seed=11)
+    api.grid_sampler_2d_backward(go, x, grid, 0, 0, False, device="local-sync")
+    before = _kept()
+    x2 = _aligned_copy(gs_arrays(C=5, seed=12)[1])
+    probe = weakref.ref(x2)
+    dx, dg = api.grid_sampler_2d_backward(go, x2, grid, 0, 0, False, device="local-sync")
+    assert _kept().keys() == before.keys()  # no new executor: the first one ran again
+    ref_dx, ref_dg = R.grid_sampler_2d_backward(go.astype(np.float64), x2.astype(np.float64),
+                                                grid.astype(np.float64), 0, 0, False)
+    assert_close(dx, ref_dx, np.float32)
+    assert_close(dg, ref_dg, np.float32)
+    del x2
+    gc.collect()
+    assert probe() is None
+    for ex in _kept().values():
+        assert all(t.buffer is None and t.host is None for t in ex.inputs + ex.outputs)
+        assert ex.views == [] and ex.resources == ()
+
+
+def test_pythonic_signature_tells_types_apart():
+    """True and 1 are one dict key but not one call: a kept executor of align_corners=True must
+    not let align_corners=1 skip phase 1's check."""
+    go, x, grid = gs_arrays()
+    api.grid_sampler_2d_backward(go, x, grid, 0, 0, True, device="local-sync")
+    with pytest.raises(api.AclnnError) as e:
+        api.grid_sampler_2d_backward(go, x, grid, 0, 0, 1, device="local-sync")
+    assert e.value.status == ACLNN_ERR_PARAM_INVALID and "align_corners" in str(e.value)
+    g, _, osz, isz = up_arrays()
+    api.upsample_bilinear2d_backward(g, osz, isz, False, device="local-sync")
+    with pytest.raises(api.AclnnError):
+        api.upsample_bilinear2d_backward(g, osz, isz, 0, device="local-sync")
+    with pytest.raises(api.AclnnError):
+        api.upsample_bilinear2d_backward(g, [float(v) for v in osz], isz, False, device="local-sync")
+
+
+def test_threads_keep_their_own_executors():
+    """Each thread reuses its own executors: concurrent calls of one signature on new data
+    give each thread the reference's result."""
+    rng = np.random.default_rng(3)
+    go, _, grid = gs_arrays(C=4)
+    xs = [rng.standard_normal((2, 4, 4, 5)).astype(np.float32) for _ in range(4)]
+    results, errors = {}, []
+
+    def work(k):
+        try:
+            for _ in range(20):
+                results[k] = api.grid_sampler_2d_backward(go, xs[k], grid, 0, 2, False, (True, False))[0]
+        except Exception as e:  # reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for k in range(4):
+        ref, _ = R.grid_sampler_2d_backward(go.astype(np.float64), xs[k].astype(np.float64),
+                                            grid.astype(np.float64), 0, 2, False)
+        assert_close(results[k], ref, np.float32)
+
+
+def test_unloading_the_modules_retires_kept_executors():
+    """After runtime.kernels.unload_modules (the store changed), a kept executor is not reused:
+    the call loads its module again through phase 1."""
+    from aclnn_iree.runtime import kernels
+    go, x, grid = gs_arrays(C=6)
+    api.grid_sampler_2d_backward(go, x, grid, device="local-sync")
+    (old,) = [ex for k, ex in _kept().items() if k[1].name == "local-sync" and k[3][0] == x.shape]
+    old_module = old.kernel.module
+    kernels.unload_modules()
+    again = api.grid_sampler_2d_backward(go, x, grid, device="local-sync")
+    (new,) = [ex for k, ex in _kept().items() if k[1].name == "local-sync" and k[3][0] == x.shape]
+    assert new is not old and old.destroyed and new.kernel.module is not old_module
+    assert_close(again[0], R.grid_sampler_2d_backward(go.astype(np.float64), x.astype(np.float64),
+                                                      grid.astype(np.float64), 0, 0, False)[0], np.float32)
+
+
+def test_kept_executors_are_bounded():
+    g, _, osz, _ = up_arrays()
+    for h in range(1, api._EXECUTORS_PER_THREAD + 10):
+        api.upsample_bilinear2d_backward(g, osz, [2, 3, h, 4], False, device="local-sync")
+    assert len(_kept()) <= api._EXECUTORS_PER_THREAD
+
+
+# ----------------------------------------------------------------------------- inline small calls
+def test_small_calls_run_inline_on_local_sync():
+    assert api.call_device("local-task", "grid", api.INLINE_WORK["grid"]) == "local-sync"
+    assert api.call_device("local-task", "grid", api.INLINE_WORK["grid"] + 1) == "local-task"
+    assert api.call_device("local-task", "upsample", 10) == "local-sync"
+    assert api.call_device("vulkan", "upsample", 10) == "vulkan"
+    assert api.call_device("local-sync", "grid", 10**9) == "local-sync"
+
+
+@pytest.mark.parametrize("mode,pad,ac", [(0, 0, False), (1, 1, True), (2, 2, False), (0, 2, True)])
+def test_inline_and_threaded_runs_agree_bitwise(mode, pad, ac, monkeypatch):
+    """Calls under the inline bound run on local-sync instead of local-task: both devices run
+    the same kernels with the same summation order, so the same bits (compared here with the
+    bound lowered so that local-task really runs on its workers)."""
+    monkeypatch.setattr(api, "INLINE_WORK", {"grid": -1, "upsample": -1})
+    rng = np.random.default_rng(mode * 7 + pad)
+    for C in (3, 17):
+        go, x, grid = gs_arrays(N=2, C=C, H=20, W=23, Ho=19, Wo=21, seed=C)
+        grid = rng.uniform(-1.3, 1.3, grid.shape).astype(np.float32)
+        sync = api.grid_sampler_2d_backward(go, x, grid, mode, pad, ac, device="local-sync")
+        task = api.grid_sampler_2d_backward(go, x, grid, mode, pad, ac, device="local-task")
+        for a, b in zip(sync, task):
+            assert_bitwise(a, b)
+    g = rng.standard_normal((2, 8, 61, 47)).astype(np.float32)
+    assert_bitwise(api.upsample_bilinear2d_backward(g, (61, 47), (2, 8, 30, 20), ac, device="local-sync"),
+                   api.upsample_bilinear2d_backward(g, (61, 47), (2, 8, 30, 20), ac, device="local-task"))
