@@ -191,6 +191,27 @@ def test_channels_last_and_strided_inputs():
         torch.testing.assert_close(ya.grad, yb.grad, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("inline", [True, False], ids=["local-sync", "local-task"])
+def test_every_mode_and_mask_runs_into_pytorchs_tensors(inline, monkeypatch):
+    """The custom op writes its gradients into tensors PyTorch allocated, for every mode and
+    output mask, inline (local-sync) and on the task workers: the Pythonic call's bits.
+    (A nearest grid gradient alone is a fill, which IREE refused on DLPack-imported memory.)"""
+    from aclnn_iree import api
+    monkeypatch.setattr(api, "INLINE_WORK", {"grid": 10 ** 9 if inline else -1, "upsample": 10 ** 9})
+    rng = np.random.default_rng(5)
+    x, go = rng.standard_normal((2, 3, 6, 7)), rng.standard_normal((2, 3, 4, 5))
+    grid = rng.uniform(-1.2, 1.2, (2, 4, 5, 2))
+    for mode, pad, mask in itertools.product((0, 1, 2), (0, 1, 2), ([True, True], [True, False], [False, True])):
+        dx, dg = OPS.grid_sampler_2d_backward(torch.from_numpy(go), torch.from_numpy(x), torch.from_numpy(grid), mode,
+                                              pad, False, mask)
+        want = aclnn_iree.grid_sampler_2d_backward(go, x, grid, mode, pad, False, tuple(mask))
+        for got, ref, m in zip((dx, dg), want, mask):
+            if m:
+                assert got.numpy().tobytes() == ref.tobytes(), (mode, pad, mask)
+            else:
+                assert got.numel() == 0
+
+
 def test_no_copies_of_contiguous_tensors_on_the_cpu(monkeypatch):
     """The kernels read the caller's tensors and write the returned gradients in place: the
     device buffers the aclnn layer gets map onto the tensors' own memory (DLPack for
@@ -198,8 +219,8 @@ def test_no_copies_of_contiguous_tensors_on_the_cpu(monkeypatch):
     seen = []
     real = _bridge._storage
 
-    def spy(device, t, fmt="ND"):
-        s = real(device, t, fmt)
+    def spy(device, t, fmt="ND", output=False):
+        s = real(device, t, fmt, output)
         nbytes = t.numel() * t.element_size()
         mapped = s.buffer.map().asarray([nbytes], np.dtype(np.uint8)).ctypes.data
         seen.append((t.data_ptr(), mapped))
@@ -447,7 +468,7 @@ def test_cuda_tensors_run_on_iree_cuda_without_copies(dtype, monkeypatch):
     imported = []
     real = _bridge._storage
     monkeypatch.setattr(_bridge, "_storage",
-                        lambda dev, t, fmt="ND": imported.append(t.data_ptr()) or real(dev, t, fmt))
+                        lambda dev, t, fmt="ND", output=False: imported.append(t.data_ptr()) or real(dev, t, fmt, output))
     case = grid_case(0, 1, False, "random")
     go, x, grid = case.inputs(dtype)
     xt, gt = (_t(a, dtype).cuda().requires_grad_(True) for a in (x, grid))

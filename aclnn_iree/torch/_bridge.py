@@ -21,7 +21,7 @@ import torch
 from .. import api
 from ..errors import AclnnError
 from ..runtime.device import DeviceUnavailable, get_device
-from ..tensors import Storage, host_storage
+from ..tensors import HOST_ALIGNMENT, Storage, host_storage, storage_of
 
 __all__ = ["set_cpu_device", "get_cpu_device", "SUPPORTED_DTYPES", "grid_sampler_backward", "upsample_backward",
            "iree_device_for", "is_channels_last"]
@@ -96,7 +96,7 @@ def _numpy_view(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def _storage(device, t: torch.Tensor, fmt: str = "ND") -> Storage:
+def _storage(device, t: torch.Tensor, fmt: str = "ND", output: bool = False) -> Storage:
     """Device memory for `t` (C-contiguous in the order the kernel reads).
 
     A CPU tensor on a CPU device, or a CUDA tensor on IREE's cuda device, is imported
@@ -106,14 +106,19 @@ def _storage(device, t: torch.Tensor, fmt: str = "ND") -> Storage:
     CPU memory (a view at an offset, a tensor over a NumPy array) goes in as a NumPy view,
     also without a copy where it is 16-byte aligned (tensors.host_storage).  A CPU tensor on
     a GPU device (Vulkan) is copied to it; a misaligned CUDA tensor is cloned first.
+    CPU outputs (`output`) always go in as NumPy views: IREE imports DLPack memory for
+    reading and writing but not for discarding writes, which the kernels' fills and whole
+    overwrites ask for ("buffer allows READ|WRITE, operation requires DISCARD_WRITE").
     """
     cuda = t.device.type == "cuda"
     if t.numel() and (cuda or device.is_host):
         if cuda and t.data_ptr() % 64:
             t = t.clone()
-        if t.data_ptr() % 64 == 0:
+        if t.data_ptr() % 64 == 0 and (cuda or not output):
             view = device.hal.from_dlpack_capsule(torch.utils.dlpack.to_dlpack(t.detach()))
             return Storage(view.get_buffer(), view, None, tuple(t.shape), _numpy_dtype(t.dtype), fmt)
+        if output and t.data_ptr() % HOST_ALIGNMENT == 0:  # torch.empty's: aligned, contiguous
+            return storage_of(device, _numpy_view(t), fmt)
     return host_storage(device, _numpy_view(t), fmt)
 
 
@@ -139,8 +144,8 @@ class _Launch:
         if tensors[0].device.type == "cuda":  # IREE cannot wait on PyTorch's stream: the inputs must be ready
             torch.cuda.current_stream(tensors[0].device).synchronize()
 
-    def storage(self, t, fmt="ND"):
-        return _storage(self.device, t, fmt)
+    def storage(self, t, fmt="ND", output=False):
+        return _storage(self.device, t, fmt, output)
 
 
 def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
@@ -154,8 +159,8 @@ def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, pa
     outs = [torch.empty(like.shape, dtype=like.dtype, device=like.device) if m else None
             for like, m in ((x, mask[0]), (g, mask[1]))]
     storages = [run.storage(go), run.storage(x), run.storage(g)]
-    storages += [run.storage(t) if t is not None else api.no_storage(tuple(like.shape), _numpy_dtype(like.dtype))
-                 for t, like in ((outs[0], x), (outs[1], g))]
+    storages += [run.storage(t, output=True) if t is not None
+                 else api.no_storage(tuple(like.shape), _numpy_dtype(like.dtype)) for t, like in ((outs[0], x), (outs[1], g))]
     return tuple(api.run_grid_sampler(run.stream, storages, int(interpolation_mode), int(padding_mode),
                                       bool(align_corners), mask, read=_reader(t for t in outs if t is not None)))
 
@@ -171,10 +176,10 @@ def upsample_backward(name, grad_output, output_size, input_size, align_corners,
     out = torch.empty((N, C, H, W), dtype=go.dtype, device=go.device, memory_format=fmt)
     run = _Launch(api.call_device(name, "upsample", go.numel() + out.numel()), (go,))
     if nhwc:  # the kernels take NHWC as (N, H, W, C) arrays, C fastest
-        storages = [run.storage(go.permute(0, 2, 3, 1), "NHWC"), run.storage(out.permute(0, 2, 3, 1), "NHWC")]
+        storages = [run.storage(go.permute(0, 2, 3, 1), "NHWC"), run.storage(out.permute(0, 2, 3, 1), "NHWC", True)]
         isz = (N, H, W, C)
     else:
-        storages, isz = [run.storage(go, "NCHW"), run.storage(out, "NCHW")], (N, C, H, W)
+        storages, isz = [run.storage(go, "NCHW"), run.storage(out, "NCHW", True)], (N, C, H, W)
     api.run_upsample(run.stream, storages, [int(v) for v in output_size], isz, bool(align_corners), scales_h,
                      scales_w, read=_reader([out]))
     return out
