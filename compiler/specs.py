@@ -31,10 +31,11 @@ UPSAMPLE_VECTOR_WIDTH = 8
 # rows take a slower path), NHWC's tile of W_out columns x one channel chunk.
 UPSAMPLE_ROW_BYTES = 16384
 # grad_grid alone on CPUs: the point-parallel pass (dgrid_points: a point per vector lane, the
-# channels walked in order, no workspace) up to this many channels, the slot pass above (a
-# channel per lane: its interleaving pays off once the slots' lanes are full).  Both give the
-# same bits.  Measured crossover (2 x C x 250 x 370, 2 threads): C = 1: 2.1 vs 7.1 ms, 8: 6.1 vs
-# 10.9 ms, 16: 23 vs 17 ms (README "Kernel formulations").
+# channels walked in order, no workspace) up to this many channels; above, the module's
+# @grid_runs picks it at run time for a smooth grid (vector loads of consecutive taps) and
+# the slot pass (a channel per lane: it pays off on scattered taps once its lanes are full)
+# otherwise.  Both give the same bits.  Measured (2 x C x 250 x 370, 2 threads, random grid):
+# C = 1: 2.1 vs 7.1 ms, 8: 6.1 vs 10.9 ms, 16: 23 vs 17 ms (README "Kernel formulations").
 DGRID_POINTS_MAX_CHANNELS = 8
 # Invocations per workgroup of the GPU forms (a multiple of every subgroup size seen:
 # lavapipe's 8, NVIDIA's 32, AMD's 64).

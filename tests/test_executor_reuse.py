@@ -272,3 +272,38 @@ def test_inline_and_threaded_runs_agree_bitwise(mode, pad, ac, monkeypatch):
     g = rng.standard_normal((2, 8, 61, 47)).astype(np.float32)
     assert_bitwise(api.upsample_bilinear2d_backward(g, (61, 47), (2, 8, 30, 20), ac, device="local-sync"),
                    api.upsample_bilinear2d_backward(g, (61, 47), (2, 8, 30, 20), ac, device="local-task"))
+
+
+# ----------------------------------------------------------------------------- grid_runs
+@pytest.mark.parametrize("smooth", [True, False], ids=["warp", "scattered"])
+def test_grid_gradient_alone_takes_the_point_pass_for_a_smooth_grid(stream, smooth):
+    """grad_grid alone with more than 8 channels: @grid_runs sends a smooth grid (a warp) to
+    the point-parallel pass, which leaves the slots and partial sums in the workspace
+    untouched (only the 64-byte unit of its verdict is written), and a scattered one to
+    the slot pass, which writes them; both give the reference's gradient."""
+    rng = np.random.default_rng(8)
+    N, C, H, W = 2, 12, 20, 40
+    x = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    go = rng.standard_normal((N, C, H, W)).astype(np.float32)
+    if smooth:
+        ys, xs = np.meshgrid(np.arange(H) + 0.25, np.arange(W) - 1.6, indexing="ij")
+        grid = np.stack([(2 * xs + 1) / W - 1, (2 * ys + 1) / H - 1], -1)
+        grid = np.broadcast_to(grid, (N, H, W, 2)).astype(np.float32)
+    else:
+        grid = rng.uniform(-1, 1, (N, H, W, 2)).astype(np.float32)
+    ts = gs_tensors(go, x, grid)
+    status, ws, ex = gs_phase1(*ts, pad=1, mask=(False, True))
+    assert status == SUCCESS and ex.kernel.name.endswith("_dgrid"), (status, ex and ex.kernel.name)
+    st, workspace = A.aclrtMalloc(ws, stream)
+    raw = workspace.buffer.map().asarray([ws], np.dtype(np.uint8))
+    raw[...] = 0xA5
+    assert A.aclnnGridSampler2DBackward(workspace, ws, ex, stream) == SUCCESS
+    assert A.aclrtSynchronizeStream(stream) == SUCCESS
+    changed = int(np.count_nonzero(workspace.buffer.map().asarray([ws], np.dtype(np.uint8)) != 0xA5))
+    if smooth:
+        assert changed <= 64, changed
+    else:
+        assert changed > ws // 4, (changed, ws)
+    ref = R.grid_sampler_2d_backward(go.astype(np.float64), x.astype(np.float64), grid.astype(np.float64), 0, 1,
+                                     False)[1]
+    assert_close(ts[4].numpy(), ref, np.float32)

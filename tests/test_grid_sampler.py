@@ -1072,6 +1072,23 @@ POINT_PASS_CASES = ([(m, p, ac, "float32") for m in (0, 2) for p in PADS for ac 
                     + [(0, 2, False, "float16"), (2, 1, True, "bfloat16")])
 
 
+def _warp_case(rng, shape, ac):
+    """(grad_output, input, grid) whose grid samples each row at x + 0.37 px and y + 0.21 px
+    (pixel coordinates, `ac`'s convention) over the first 13 columns, then in steps of 1.25
+    px: runs of consecutive pixels of one row (one vector load per tap), then gathers."""
+    N, C, H, W, Ho, Wo = shape
+    j = np.arange(Wo, dtype=np.float64)
+    xs = (j + 0.37 + 0.25 * (j > 12) * j)[None, :]
+    ys = np.arange(Ho, dtype=np.float64)[:, None] + 0.21 + 0 * xs
+    xs = np.broadcast_to(xs, ys.shape)
+    if ac:
+        gx, gy = 2 * xs / (W - 1) - 1, 2 * ys / (H - 1) - 1
+    else:
+        gx, gy = (2 * xs + 1) / W - 1, (2 * ys + 1) / H - 1
+    grid = np.broadcast_to(np.stack([gx, gy], -1), (N, Ho, Wo, 2)).copy()
+    return rng.standard_normal((N, C, Ho, Wo)), rng.standard_normal((N, C, H, W)), grid
+
+
 @pytest.mark.parametrize("mode,pad,ac,dtype", POINT_PASS_CASES,
                          ids=[f"{MODE_NAMES[m]}-{PAD_NAMES[p]}-ac{int(ac)}-{dt}" for m, p, ac, dt in POINT_PASS_CASES])
 def test_dgrid_point_pass_has_the_slot_pass_bits(device, monkeypatch, mode, pad, ac, dtype):
@@ -1083,8 +1100,12 @@ def test_dgrid_point_pass_has_the_slot_pass_bits(device, monkeypatch, mode, pad,
     from aclnn_iree.compiler import specs
     st = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}.get(dtype, np.dtype(dtype).type)
     rng = np.random.default_rng(40 + mode + 3 * pad + 7 * ac)
-    for C in (1, 3, 8, 9, 17):
-        go, x, grid = (a.astype(st) for a in random_case(rng, (2, C, 6, 7, 5, 9), np.float64, -1.3, 1.3))
+    cases = [random_case(rng, (2, C, 6, 7, 5, 9), np.float64, -1.3, 1.3) for C in (1, 3, 8, 9, 17)]
+    # a warp: lanes of 8 points reading consecutive pixels of a row take vector loads there
+    cases += [_warp_case(rng, (2, C, 7, 26, 6, 21), ac) for C in (1, 8, 11)]
+    for go, x, grid in cases:
+        go, x, grid = (a.astype(st) for a in (go, x, grid))
+        C = x.shape[1]
         grid[0, 0, :3] = [[6e4, -2.5], [np.nan, 0.5], [-1.0, 1.0]]  # far out (fits f16), NaN, a corner
         outs = {}
         for limit, path in ((0, "slots"), (10 ** 6, "points")):

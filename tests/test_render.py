@@ -290,9 +290,9 @@ def test_offsets_are_64_bit(spec):
     64-bit targets); nothing narrows a coordinate or an offset to i32.  Only the six
     sizes (and the channel-block count and the dx band's pixel count, both below H*W*C)
     travel as i32 push constants (each < 2^31), widened without sign extension
-    (index_castui / uitofp), beside the block pass's gradient flags and @dgrid_final's
-    choice (tested bit by bit or against zero, never an offset) and the device's worker
-    count (a workgroup count)."""
+    (index_castui / uitofp), beside the block pass's gradient flags, @dgrid_final's
+    choice and @grid_runs's flag word (tested bit by bit or against zero, never an
+    offset) and the device's worker count (a workgroup count)."""
     text = rendered(spec)
     _check_64bit_conversions(text)
     # each i64 from a float conversion goes straight to index, or stays a vector of i64
@@ -320,6 +320,21 @@ def test_offsets_are_64_bit(spec):
               or re.search(r"^\s*%(kf_all|kf_dx|kf_dg|kf_none|use[01]) = arith\.constant [0-3] : i32$", line)
               or re.search(r"^\s*%(kflags|usei) = arith\.select %fits, %\w+, %\w+ : i32$", line)
               or re.search(r"^\s*%use_part = arith\.cmpi ne, %kuse, %c0_i32 : i32$", line)
+              # @grid_runs's flag word (0/1): written, read where a flag bit says so, tested
+              # against zero; the flag bits (4: the block pass, 2: @dgrid_final) set and tested
+              or re.search(r"^\s*%(flag|rm_\d) = hal\.interface\.binding\.subspan .* : memref<1xi32>$", line)
+              or re.search(r"^\s*%fl = arith\.extui %smooth : i1 to i32$", line)
+              or re.search(r"^\s*memref\.store %fl, %flag\[%c0\] : memref<1xi32>$", line)
+              or re.search(r"^\s*%rl_\d = memref\.load %rm_\d\[%c0\] : memref<1xi32>$", line)
+              or re.search(r"^\s*%(r[bz]_\d|kf_runs) = arith\.constant [024] : i32$", line)
+              or re.search(r"^\s*%rk_\d = arith\.andi %k(f|use), %rb_\d : i32$", line)
+              or re.search(r"^\s*%(rc_\d|skip|by_points) = arith\.cmpi ne, %r[kv]_\d, %rz_\d : i32$", line)
+              or re.search(r"^\s*%rv_\d = scf\.if %rc_\d -> \(i32\) \{$", line)
+              or re.search(r"^\s*scf\.yield %r[lz]_\d : i32$", line)
+              or re.search(r"^\s*%kflags_r = arith\.ori %kflags, %kf_runs : i32$", line)
+              or re.search(r"^\s*%kuse1 = arith\.andi %kuse, %c1_i32 : i32$", line)
+              or re.search(r"^\s*%use_part0 = arith\.cmpi ne, %kuse1, %c0_i32 : i32$", line)
+              or re.search(r"^\s*%no_runs = arith\.constant dense<\[0, 1\]> : tensor<2xi32>$", line)
               # the worker count, which caps the block pass's workgroup count
               or re.search(r'hal\.device\.query<%device : !hal\.device> key\("hal\.dispatch" :: "concurrency"\) : i1, i32 = 1 : i32$', line)
               or re.search(r"^\s*%wk = arith\.index_castui %workers : i32 to index$", line))
