@@ -191,8 +191,12 @@ def _cmd_demo(args) -> int:
         from .demo import run_demo
         run_demo(out, quick=args.quick, device=args.device)
         return 0
-    from .stereo_demo import run_stereo_demo
-    run_stereo_demo(out, quick=args.quick, backward=args.backward, device=args.device)
+    from .stereo_demo import OPENMP_SPINCOUNT, limit_openmp_spin, run_stereo_demo
+    openmp = limit_openmp_spin()  # before torch loads libgomp
+    if openmp["set_by_demo"]:
+        print(f"GOMP_SPINCOUNT={OPENMP_SPINCOUNT}: PyTorch's OpenMP workers stop spinning sooner, leaving the cores "
+              "to IREE's between PyTorch's ops (set GOMP_SPINCOUNT or OMP_WAIT_POLICY to choose otherwise)")
+    run_stereo_demo(out, quick=args.quick, backward=args.backward, device=args.device, openmp=openmp)
     return 0
 
 

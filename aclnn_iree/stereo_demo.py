@@ -19,14 +19,37 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 
 import numpy as np
 
 from . import stereo as S
 
-__all__ = ["run_stereo_demo", "ERROR_CLIP", "summary_table"]
+__all__ = ["run_stereo_demo", "ERROR_CLIP", "summary_table", "limit_openmp_spin", "OPENMP_SPINCOUNT"]
 
 ERROR_CLIP = 10.0  # pixels: the error map's colour scale ends here
+
+# PyTorch's OpenMP workers (libgomp) spin about 11 ms after each parallel region before they
+# sleep (measured here: GOMP_SPINCOUNT's default of 300000); a backward pass interleaves
+# PyTorch's ops with our kernels, so on few cores IREE's task workers run beside a spinning
+# thread at about half speed.  libgomp throttles its spinning itself when it knows the cores
+# are oversubscribed; it cannot know about IREE's threads, so the demo says so.  20000 spins
+# (well under a millisecond) keep PyTorch's back-to-back ops on hot threads (README "PyTorch").
+OPENMP_SPINCOUNT = "20000"
+
+
+def limit_openmp_spin(environ=os.environ, loaded=None) -> dict:
+    """Sets GOMP_SPINCOUNT=OPENMP_SPINCOUNT in `environ` unless the user chose OpenMP's waiting
+    (GOMP_SPINCOUNT or OMP_WAIT_POLICY set) or PyTorch is already loaded (libgomp reads it
+    once, when it loads).  Returns what results.json records: the two variables as the job
+    runs and whether the demo set one."""
+    loaded = "torch" in sys.modules if loaded is None else loaded
+    chosen = any(environ.get(k) for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"))
+    set_here = not chosen and not loaded
+    if set_here:
+        environ["GOMP_SPINCOUNT"] = OPENMP_SPINCOUNT
+    return {"GOMP_SPINCOUNT": environ.get("GOMP_SPINCOUNT"), "OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY"),
+            "set_by_demo": set_here}
 
 
 def _metrics(estimate, truth, nonocc) -> dict:
@@ -97,11 +120,12 @@ def _figure(path, left, truth, run, results):
 
 
 def run_stereo_demo(out_dir="demo_output", quick: bool = False, backward: str = "ours", device: str = "local-task",
-                    progress: bool = True, log=print) -> dict:
+                    progress: bool = True, log=print, openmp=None) -> dict:
     """Runs the stereo job and writes its files (see the module docstring); returns the results.
 
     backward: "ours", "torch" or "both" (both jobs, timed side by side).  device: the IREE
     device of our kernels for CPU tensors.  quick: StereoConfig.quick() (a few seconds).
+    openmp: what limit_openmp_spin returned, if the caller ran it (before importing torch).
     Raises ImportError naming the extra when PyTorch or scikit-image is missing, OSError
     when out_dir cannot be written.
     """
@@ -123,7 +147,8 @@ def run_stereo_demo(out_dir="demo_output", quick: bool = False, backward: str = 
     results = {"data": "skimage.data.stereo_motorcycle() (Middlebury 2014 Motorcycle, 500 x 741)",
                "config": dataclasses.asdict(cfg), "device": device, "threads": torch.get_num_threads(),
                "pixels_with_ground_truth": int(np.isfinite(truth).sum()),
-               "nonoccluded_pixels": int(nonocc.sum()), "runs": {}}
+               "nonoccluded_pixels": int(nonocc.sum()), "runs": {},
+               "openmp": openmp or {k: os.environ.get(k) for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}}
     results["warm_up_seconds"] = S.warm_up(names)
     log(f"warm-up outside the timers (imports, module loading, first calls): {results['warm_up_seconds']:.1f} s")
     runs = {}

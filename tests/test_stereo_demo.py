@@ -113,3 +113,23 @@ def test_quick_job_writes_its_files_and_summary(quick_job):
     with Image.open(out / "stereo.png") as im:
         assert im.size[0] > 1000 and im.size[1] > 500
     assert "baseline: best constant" in console and "our backward vs PyTorch's" in console
+
+
+def test_openmp_spin_is_limited_only_where_nobody_chose():
+    """The demo limits libgomp's spinning unless the user set GOMP_SPINCOUNT or OMP_WAIT_POLICY,
+    or PyTorch (and so libgomp) is already loaded, where it would have no effect."""
+    from aclnn_iree.stereo_demo import OPENMP_SPINCOUNT, limit_openmp_spin
+    env = {}
+    assert limit_openmp_spin(env, loaded=False) == {"GOMP_SPINCOUNT": OPENMP_SPINCOUNT, "OMP_WAIT_POLICY": None,
+                                                    "set_by_demo": True}
+    assert env == {"GOMP_SPINCOUNT": OPENMP_SPINCOUNT}
+    for chosen in ({"GOMP_SPINCOUNT": "300000"}, {"OMP_WAIT_POLICY": "PASSIVE"}):
+        env = dict(chosen)
+        assert limit_openmp_spin(env, loaded=False)["set_by_demo"] is False and env == chosen
+    env = {}
+    assert limit_openmp_spin(env, loaded=True)["set_by_demo"] is False and env == {}
+
+
+def test_demo_records_the_openmp_setting(quick_job):
+    _, results, _ = quick_job
+    assert set(results["openmp"]) >= {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"}
