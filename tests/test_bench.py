@@ -65,3 +65,31 @@ def test_a_failing_peer_is_left_out_of_its_case(monkeypatch):
     assert row["torch_compile_ms"] is None
     assert row["torch_compile_error"] == "RuntimeError: AssertionError in codegen"
     assert row["fastest_peer"] == "torch" and row["ratio_fastest_e2e"] > 0
+
+
+def test_torch_bench_leaves_out_a_failing_compiled_row(monkeypatch):
+    """Inductor's codegen fails on some shapes (it asserts on 2 x 32 x 2000 x 1): the training
+    step table records the error, warns in one line and leaves that row's cell out, and the
+    other rows of the case are still timed and checked."""
+    from aclnn_iree import bench_torch
+    real = bench_torch._step
+
+    def step(case, torch, F, AT, ours, compiled):
+        fn = real(case, torch, F, AT, ours, compiled)
+        if compiled and not ours:
+            def fails():
+                raise RuntimeError("codegen failed\nsecond line")
+            return fails
+        return fn
+
+    monkeypatch.setattr(bench_torch, "_step", step)
+    monkeypatch.setattr(bench_torch, "CASES", [c for c in bench_torch.CASES if c.name in bench_torch.QUICK][:2])
+    monkeypatch.setattr(bench_torch, "custom_op_overhead_us",
+                        lambda torch: {"custom_op_us": 2.0, "pythonic_us": 1.0, "overhead_us": 1.0})
+    lines = []
+    rows = bench_torch.run_torch_bench(quick=True, repeats=1, out=lines.append)["training_steps"]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["failed"] == {"compiled": "RuntimeError: codegen failed"} and r["ratio_compiled"] is None
+        assert "compiled_ms" not in r and r["ours_ms"] > 0 and r["ours_compiled_ms"] > 0 and r["ratio_eager"] > 0
+    assert sum("compiled failed on this case and is left out of it" in line for line in lines) == 2
