@@ -237,9 +237,27 @@ def _run(stream, key, storages, phase1, phase2, read):
         _check(phase2(workspace, ex.workspace_size, ex, stream))
         _check(A.aclrtSynchronizeStream(stream))
         return [read(t) if t.buffer is not None else None for t in outputs]
+    except AclnnError:
+        _forget_failed_stream(stream)
+        raise
     finally:
         if ex.repeatable:
             A.unbind(ex)
+
+
+def _forget_failed_stream(stream):
+    """A launch that failed on the device fails the stream's timeline for good (as a CANN
+    stream's error is sticky); the layers own their per-thread streams, so the next call
+    gets a fresh one instead of the same error forever."""
+    try:
+        stream.timeline.completed()
+        return  # the stream is fine: the failure was the call's own (e.g. an argument)
+    except Exception:
+        pass
+    streams = getattr(_tls, "streams", {})
+    for name, s in list(streams.items()):
+        if s is stream:
+            del streams[name]
 
 
 def _phase1(dev, storages, phase1):

@@ -307,3 +307,18 @@ def test_grid_gradient_alone_takes_the_point_pass_for_a_smooth_grid(stream, smoo
     ref = R.grid_sampler_2d_backward(go.astype(np.float64), x.astype(np.float64), grid.astype(np.float64), 0, 1,
                                      False)[1]
     assert_close(ts[4].numpy(), ref, np.float32)
+
+
+def test_a_failed_launch_does_not_fail_every_later_call():
+    """A launch that fails on the device fails its stream's timeline for good; the layers'
+    per-thread stream is then replaced, so the next call computes again (it once kept
+    failing with the same error: the custom op's nearest grid gradient alone did so)."""
+    go, x, grid = gs_arrays(C=2, seed=21)
+    want = api.grid_sampler_2d_backward(go, x, grid, device="local-sync")
+    api.thread_stream("local-sync").timeline.semaphore.fail("a device failure")
+    with pytest.raises(api.AclnnError) as e:
+        api.grid_sampler_2d_backward(go, x, grid, device="local-sync")
+    assert e.value.status == A.ACLNN_ERR_RUNTIME_ERROR
+    again = api.grid_sampler_2d_backward(go, x, grid, device="local-sync")
+    assert_bitwise(again[0], want[0])
+    assert_bitwise(again[1], want[1])
