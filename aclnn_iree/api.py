@@ -209,6 +209,16 @@ def _remember_executor(key, ex):
         A.aclDestroyAclOpExecutor(old)
 
 
+def _signature(*parts):
+    """The call signature that keys the kept executors, or None where a part cannot be hashed
+    (an argument phase 1 refuses: the call goes through phase 1, which says what is wrong)."""
+    try:
+        hash(parts)
+    except TypeError:
+        return None
+    return parts
+
+
 def _typed(values) -> tuple:
     """Call-signature entries that tell True from 1 and 2.0 from 2 (phase 1 checks types)."""
     return tuple((type(v), v) for v in values)
@@ -284,7 +294,7 @@ def run_grid_sampler(stream, storages, interpolation_mode, padding_mode, align_c
     """
     if deterministic is None:
         deterministic = bool(A.current_context().options[A.ACL_OPT_DETERMINISTIC])
-    key = ("grid", stream.device, *((s.shape, s.dtype, s.fmt) for s in storages), *_typed(
+    key = _signature("grid", stream.device, *((s.shape, s.dtype, s.fmt) for s in storages), *_typed(
         (interpolation_mode, padding_mode, align_corners, deterministic)), tuple(output_mask))
 
     def phase1(t):
@@ -299,11 +309,11 @@ def run_upsample(stream, storages, output_size, input_size, align_corners, scale
     """aclnnUpsampleBilinear2dBackwardV2 on `storages` (grad_output, grad_input; scales None:
     not given), waiting for the result; returns [read(grad_input tensor)].  Raises AclnnError."""
     try:
-        key = ("up", stream.device, *((s.shape, s.dtype, s.fmt) for s in storages), _typed(output_size),
-               _typed(input_size), *_typed((align_corners, scales_h, scales_w)))
-        hash(key)
-    except TypeError:  # not hashable: let phase 1 say what is wrong
-        key = None
+        sizes = (_typed(output_size), _typed(input_size))
+    except TypeError:  # not sequences: phase 1 says what is wrong
+        sizes = ([],)
+    key = _signature("up", stream.device, *((s.shape, s.dtype, s.fmt) for s in storages), *sizes,
+                     *_typed((align_corners, scales_h, scales_w)))
 
     def phase1(t):
         osz, isz = _int_array("output_size", output_size), _int_array("input_size", input_size)

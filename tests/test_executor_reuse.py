@@ -197,6 +197,17 @@ def test_pythonic_signature_tells_types_apart():
         api.upsample_bilinear2d_backward(g, [float(v) for v in osz], isz, False, device="local-sync")
 
 
+@pytest.mark.parametrize("kw", [dict(interpolation_mode=[0]), dict(padding_mode={0: 1}), dict(align_corners=[1]),
+                                dict(output_mask=[True, [True]])], ids=["mode", "padding", "ac", "mask"])
+def test_unhashable_arguments_get_phase_1s_status(kw):
+    """An argument that cannot key a kept executor goes through phase 1, which refuses it
+    with a status (it once escaped as a bare TypeError from the executor cache)."""
+    go, x, grid = gs_arrays()
+    with pytest.raises(api.AclnnError) as e:
+        api.grid_sampler_2d_backward(go, x, grid, **kw)
+    assert e.value.status == ACLNN_ERR_PARAM_INVALID
+
+
 def test_threads_keep_their_own_executors():
     """Each thread reuses its own executors: concurrent calls of one signature on new data
     give each thread the reference's result."""
