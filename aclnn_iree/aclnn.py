@@ -44,7 +44,8 @@ from .tensors import (FORMATS, HOST_ALIGNMENT, Storage, aclBoolArray, aclIntArra
 
 __all__ = [
     "aclGetRecentErrMsg", "aclCreateTensor", "aclDestroyTensor", "aclCreateIntArray", "aclDestroyIntArray",
-    "aclCreateBoolArray", "aclDestroyBoolArray", "aclSetInputTensorAddr", "aclSetOutputTensorAddr", "aclrtCreateStream", "aclrtSynchronizeStream",
+    "aclCreateBoolArray", "aclDestroyBoolArray", "aclSetInputTensorAddr", "aclSetOutputTensorAddr",
+    "aclrtCreateStream", "aclrtSynchronizeStream",
     "aclrtDestroyStream", "aclrtMalloc", "aclrtFree", "aclOpExecutor", "aclSetAclOpExecutorRepeatable",
     "aclDestroyAclOpExecutor", "aclnnGridSampler2DBackwardGetWorkspaceSize", "aclnnGridSampler2DBackward",
     "aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize", "aclnnUpsampleBilinear2dBackwardV2",

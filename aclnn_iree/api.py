@@ -18,11 +18,11 @@ from . import aclnn as A
 from .runtime import kernels
 from .runtime.device import on_fork_in_child
 from .errors import ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_PARAM_NULLPTR, ACLNN_SUCCESS, AclnnError
-from .tensors import Storage, aclTensor, empty_aligned, host_storage, storage_of, view_over
+from .tensors import Storage, aclTensor, empty_aligned, host_storage, no_storage, storage_of, view_over
 from .ops.grid_sampler import INTERPOLATION_NAMES, PADDING_NAMES
 
 __all__ = ["grid_sampler_2d_backward", "upsample_bilinear2d_backward", "thread_stream", "run_grid_sampler",
-           "run_upsample", "no_storage"]
+           "run_upsample"]
 
 _tls = threading.local()
 
@@ -135,11 +135,6 @@ def _output_storage(dev, name, shape, dtype, fmt="ND") -> Storage:
     except RuntimeError as e:  # a device allocator's out-of-memory
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"{name} of shape {tuple(shape)} cannot be allocated on "
                                                   f"{dev.name}: {e}") from None
-
-
-def no_storage(shape, dtype, fmt="ND") -> Storage:
-    """A masked-out output: aclnn checks its shape, no kernel touches it, nothing is allocated."""
-    return Storage(None, None, None, tuple(shape), np.dtype(dtype), fmt)
 
 
 def _output_mask(output_mask) -> list:

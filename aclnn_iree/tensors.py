@@ -16,12 +16,14 @@ from .runtime.device import Device, element_type, get_device
 from .runtime.timeline import Timeline
 
 __all__ = ["aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer", "FORMATS",
-           "hal_element_type", "Storage", "host_storage", "storage_of", "view_over", "tensor_over", "descriptor", "import_or_upload", "aligned", "empty_aligned"]
+           "hal_element_type", "Storage", "host_storage", "storage_of", "no_storage", "view_over", "tensor_over",
+           "import_or_upload", "aligned", "empty_aligned"]
 
 FORMATS = ("ND", "NCHW", "NHWC")
 # The kernels declare their buffer bindings 16-byte aligned: what NumPy (and malloc)
 # guarantees, so host arrays are imported without a copy.
 HOST_ALIGNMENT = 16
+
 
 class Storage(NamedTuple):
     """The memory one tensor argument of a call refers to: the device buffer, a buffer view
@@ -124,11 +126,11 @@ def tensor_over(device: Device, array: np.ndarray, fmt: str = "ND") -> "aclTenso
     return aclTensor.over(device, host_storage(device, array, fmt))
 
 
-def descriptor(device: Device, shape, dtype, fmt: str = "ND") -> "aclTensor":
-    """An aclTensor with a shape, dtype and format but no storage: an output whose
-    outputMask entry is False, which aclnn checks but no kernel touches (so no device
-    memory is allocated for it).  It cannot be read back."""
-    return aclTensor(device, None, shape, dtype, fmt)
+def no_storage(shape, dtype, fmt: str = "ND") -> Storage:
+    """A masked-out output's storage: no memory, only a shape, dtype and format, which aclnn
+    checks but no kernel touches (so nothing is allocated); an aclTensor over it is a
+    descriptor that cannot be read back."""
+    return Storage(None, None, None, tuple(shape), np.dtype(dtype), fmt)
 
 
 class aclTensor:

@@ -21,7 +21,7 @@ import torch
 from .. import api
 from ..errors import AclnnError
 from ..runtime.device import DeviceUnavailable, get_device
-from ..tensors import HOST_ALIGNMENT, Storage, host_storage, storage_of
+from ..tensors import HOST_ALIGNMENT, Storage, host_storage, no_storage, storage_of
 
 __all__ = ["set_cpu_device", "get_cpu_device", "SUPPORTED_DTYPES", "grid_sampler_backward", "upsample_backward",
            "iree_device_for", "is_channels_last"]
@@ -160,7 +160,7 @@ def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, pa
             for like, m in ((x, mask[0]), (g, mask[1]))]
     storages = [run.storage(go), run.storage(x), run.storage(g)]
     storages += [run.storage(t, output=True) if t is not None
-                 else api.no_storage(tuple(like.shape), _numpy_dtype(like.dtype)) for t, like in ((outs[0], x), (outs[1], g))]
+                 else no_storage(like.shape, _numpy_dtype(like.dtype)) for t, like in ((outs[0], x), (outs[1], g))]
     return tuple(api.run_grid_sampler(run.stream, storages, int(interpolation_mode), int(padding_mode),
                                       bool(align_corners), mask, read=_reader(t for t in outs if t is not None)))
 
