@@ -204,6 +204,18 @@ def _cmd_demo(args) -> int:
 MAX_THREADS = 1024
 
 
+def _roofline(args) -> int:
+    from . import roofline
+    if args.peers or args.device != "local-task" or args.op or args.json:
+        raise CliError("--roofline measures the CPU grid sampler on its own; --peers, --device, --op and --json "
+                       "do not apply")
+    lack = roofline.missing()
+    if lack:
+        raise CliError(f"--roofline needs {lack}")
+    roofline.run_roofline(args.threads, args.repeats, quick=args.quick)
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from .bench import run_bench
     if args.json:
@@ -213,6 +225,8 @@ def _cmd_bench(args) -> int:
     if args.threads > MAX_THREADS:
         raise CliError(f"--threads is at most {MAX_THREADS} (this machine has {os.cpu_count()} CPUs)")
     _check_device(args.device)
+    if args.roofline:
+        return _roofline(args)
     if "torch" in (args.op or []):
         if args.peers or args.device != "local-task":
             raise CliError("--op torch times training steps on the CPU beside eager and torch.compile already; "
@@ -309,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--peers", action="store_true",
                     help="also time torch.compile (inductor's compiled backward) and JAX (jit of linear_transpose "
                          "or vjp) where installed, with the ratio to the fastest peer of each case")
+    bn.add_argument("--roofline", action="store_true",
+                    help="instead: the CPU grid sampler's cycles per output point beside its compute floor "
+                         "(llvm-mca over the kernel's own assembly) and its memory floor")
     bn.set_defaults(func=_cmd_bench)
     return p
 

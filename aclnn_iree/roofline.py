@@ -1,0 +1,258 @@
+"""`aclnn-iree bench --roofline`: how close the CPU grid sampler is to its floor.
+
+The grid sampler's work per output point is coordinate arithmetic (unnormalise, pad,
+floor, weights, masks: vectorised over 8 points) and, per block of 8 channels, the taps:
+dx as one read-modify-write of a slot vector per tap (channels interleaved), the grid
+gradient as one slot load per tap and a few FMAs.  With few channels that is far more
+instructions than bytes, so the floor is the core's issue rate, not DRAM.  This module
+takes the two floors of each grid case on this CPU:
+
+- **compute**: the instructions the compiler emitted for each part of `@block_pass`
+  and `@dgrid_final` (the x86 assembly of the very module the call runs, parts found by
+  the MLIR source lines the assembly's `.loc` entries point at), through LLVM's machine
+  code analyser (`llvm-mca -mcpu=native`): its block reciprocal throughput is the cycles
+  one pass of the part needs when every load hits L1 and no dependency waits, the
+  ceiling of a roofline.  Times the part's trip count for the case, per output point.
+- **memory**: the compulsory bytes (inputs read once, outputs written once) over the
+  copy bandwidth measured in the same run.
+
+and sets them beside the measured phase-2 time in core-cycles per output point (time ×
+threads × the CPU's clock as /proc/cpuinfo reports it).  measured / floor says how much
+is lost to cache misses, store-to-load waits and dependency chains.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+__all__ = ["PARTS", "Part", "kernel_assembly", "part_lines", "part_instructions", "throughput_cycles",
+           "case_roofline", "run_roofline"]
+
+LANES = 8  # points per coordinate vector (the template's `lanes`)
+CHANNEL_BLOCK = 8  # channels per slot vector (specs.GRID_DX_CHANNEL_BLOCK)
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A part of the CPU kernel: where it starts and ends in the rendered MLIR (the first
+    line matching `start` after `after` in function `func`, up to the line before the first
+    match of `end` after it) and how often it runs: `per` is "point" (each output point
+    and channel block), "group" (each 8 points of a row and block) or "pixel8" (each 8
+    input pixels and block)."""
+
+    name: str
+    func: str
+    after: str
+    start: str
+    end: str
+    per: str
+    needs: str  # "dx", "dgrid" or "any": the gradient the part computes
+
+
+PARTS = (
+    Part("slot fill (input, interleaved)", "block_pass", r"scf\.for %l = %wid", r"scf\.if %with_dg \{",
+         r"scf\.for %pb0 =", "pixel8", "dgrid"),
+    Part("coordinates (per 8 points)", "block_pass", r"scf\.for %i = %c0 to %Ho", r"%jrem = ",
+         r"scf\.for %jl = ", "group", "any"),
+    Part("dx taps", "block_pass", r"scf\.for %jl = ", r"scf\.for %jl = ", r"scf\.if %with_dg \{|^      scf\.if %with_dx \{",
+         "point", "dx"),
+    Part("grid-gradient taps", "block_pass", r"scf\.for %jl = ", r"scf\.if %with_dg \{",
+         r"^      scf\.if %with_dx \{", "point", "dgrid"),
+    Part("slot to dx (transpose)", "block_pass", r"scf\.for %jl = ", r"^      scf\.if %with_dx \{",
+         r"^      return", "pixel8", "dx"),
+    Part("grid gradient: block sums", "dgrid_final", r"scf\.if %use_part \{", r"scf\.for %j = %c0 to %Wo",
+         r"\} else \{", "point", "dgrid"),
+)
+
+
+def kernel_assembly(spec, workdir: str) -> tuple:
+    """(MLIR source lines, x86 assembly text) of the llvm-cpu module of GridSamplerSpec
+    `spec` for this machine's CPU, compiled in `workdir` with IREE's executable
+    intermediates kept.  Raises compiler.compile.CompileError / CompilerMissing."""
+    from .compiler import targets
+    from .compiler.compile import compile_file
+    from .compiler.render import render
+    target = targets.target_for_driver("local-task")
+    path = os.path.join(workdir, "module.mlir")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(render(spec, target))
+    compile_file(path, tuple(target.flags) + (f"--iree-hal-dump-executable-intermediates-to={workdir}",))
+    (asm,) = glob.glob(os.path.join(workdir, "*.s"))
+    with open(path, encoding="utf-8") as f, open(asm, encoding="utf-8") as g:
+        return f.read().split("\n"), g.read()
+
+
+def _function_span(lines, func: str) -> tuple:
+    start = next((i for i, l in enumerate(lines) if re.search(rf"func\.func @{func}\(", l)), None)
+    if start is None:
+        raise ValueError(f"no function @{func} in the module")
+    end = next((i for i in range(start + 1, len(lines)) if re.search(r"func\.func @", lines[i])), len(lines))
+    return start, end
+
+
+def part_lines(mlir_lines, part: Part) -> list:
+    """The 1-based MLIR source lines of `part`, less the masked forms' branches (cold).  Raises ValueError when the template no
+    longer has the markers (then PARTS needs updating)."""
+    lo, hi = _function_span(mlir_lines, part.func)
+
+    def find(pattern, frm):
+        for i in range(frm, hi):
+            if re.search(pattern, mlir_lines[i]):
+                return i
+        raise ValueError(f"{part.name}: no line matching {pattern!r} in @{part.func}")
+
+    first = find(part.start, find(part.after, lo))
+    last = find(part.end, first + 1)
+    cold = _cold_lines(mlir_lines, first, last)
+    return [n + 1 for n in range(first, last) if n not in cold]
+
+
+# The scf.if conditions of the unmasked fast paths (templates/_grid_sampler_cpu.mlir.j2):
+# their else branches, the masked forms, run only at a slot's or a row's end.
+_FAST_IF = re.compile(r"^(\s*)scf\.if %(v_\w+_u|xf\d+|pfull|zfull) \{")
+
+
+def _cold_lines(mlir_lines, first: int, last: int) -> set:
+    """0-based lines in [first, last) of the else branches of the fast-path ifs."""
+    cold = set()
+    for i in range(first, last):
+        m = _FAST_IF.match(mlir_lines[i])
+        if not m:
+            continue
+        ind = m.group(1)
+        j = next(k for k in range(i + 1, last) if mlir_lines[k].startswith(ind + "}"))
+        if mlir_lines[j].strip() == "} else {":
+            end = next(k for k in range(j + 1, last) if mlir_lines[k].startswith(ind + "}"))
+            cold.update(range(j + 1, end))
+    return cold
+
+
+_LOC = re.compile(r"^\s+\.loc\s+\d+\s+(\d+)\s")
+_INSN = re.compile(r"^\t[a-z]")
+
+
+def part_instructions(asm: str, func: str, lines) -> list:
+    """The instructions of assembly function `func` whose source line (the last `.loc`
+    before them; `.loc ... 0`, a line-less instruction such as a spill, keeps the line
+    before it) lies in `lines`, in program order."""
+    text = asm.split("\n")
+    start = text.index(f"{func}:")
+    lines, out, line = set(lines), [], 0
+    for t in text[start + 1:]:
+        if t.startswith(".Lfunc_end"):
+            break
+        m = _LOC.match(t)
+        if m:
+            line = int(m.group(1)) or line
+        elif _INSN.match(t) and line in lines:
+            out.append(t.strip())
+    return out
+
+
+def throughput_cycles(instructions) -> float:
+    """llvm-mca's block reciprocal throughput (cycles per pass, ports and issue width only)
+    of `instructions` on this CPU.  Raises RuntimeError when llvm-mca fails."""
+    if not instructions:
+        return 0.0
+    proc = subprocess.run(["llvm-mca", "-mcpu=native", "-iterations=100"], input="\n".join(instructions) + "\n",
+                          capture_output=True, text=True)
+    m = re.search(r"Block RThroughput:\s+([\d.]+)", proc.stdout)
+    if proc.returncode != 0 or not m:
+        raise RuntimeError(f"llvm-mca failed: {(proc.stderr or proc.stdout).strip().splitlines()[:1]}")
+    return float(m.group(1))
+
+
+def _trips(part: Part, shape) -> int:
+    N, C, H, W, Ho, Wo = shape
+    blocks = -(-C // CHANNEL_BLOCK)
+    if part.func == "dgrid_final":
+        return N * Ho * Wo
+    per = {"point": Ho * Wo, "group": Ho * -(-Wo // LANES), "pixel8": -(-H * W // LANES)}[part.per]
+    return N * blocks * per
+
+
+def case_roofline(case, spec, workdir: str) -> list:
+    """[(part name, cycles per pass, cycles per output point of `case`)] for the parts
+    bench Case `case` (both outputs) runs."""
+    mlir, asm = kernel_assembly(spec, workdir)
+    N, C, H, W, Ho, Wo = case.shape
+    out = []
+    for part in PARTS:
+        if part.needs == "dgrid" and spec.interpolation_mode == "nearest":
+            continue
+        cyc = throughput_cycles(part_instructions(asm, part.func, part_lines(mlir, part)))
+        out.append((part.name, cyc, cyc * _trips(part, case.shape) / (N * Ho * Wo)))
+    return out
+
+
+def cpu_mhz() -> float:
+    """The mean clock /proc/cpuinfo reports (a virtual machine's is nominal); 0 if unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            mhz = [float(v) for v in re.findall(r"^cpu MHz\s*:\s*([\d.]+)", f.read(), re.M)]
+    except OSError:
+        return 0.0
+    return sum(mhz) / len(mhz) if mhz else 0.0
+
+
+def missing() -> str | None:
+    """What run_roofline needs and this machine lacks, in words; None when nothing."""
+    if shutil.which("llvm-mca") is None:
+        return "LLVM's llvm-mca on PATH (apt-get install llvm)"
+    if not cpu_mhz():
+        return "the CPU clock, and /proc/cpuinfo has no 'cpu MHz'"
+    return None
+
+
+def run_roofline(threads: int, repeats: int, quick: bool = False) -> list:
+    """Times each grid case of the bench (the quick subset with `quick`) in phase 2 on the
+    CPU with `threads` task workers and prints, per case and part, the compute floor beside
+    the measured core-cycles per output point.  Returns the rows (dicts).  Raises
+    RuntimeError naming what is missing (see missing()), CompileError from the compiler."""
+    import numpy as np
+    from . import bench
+    from .compiler import specs
+    from .runtime.device import Device
+    lack = missing()
+    if lack:
+        raise RuntimeError(f"--roofline needs {lack}")
+    mhz = cpu_mhz()
+    device = Device("local-task", threads=threads)
+    bw = bench.copy_bandwidth()  # GB/s
+    rows = []
+    rng = np.random.default_rng(0)
+    for case in (c for c in bench.CASES if c.op == "grid" and (not quick or c.name in bench.QUICK)):
+        spec = specs.GridSamplerSpec(specs.INTERPOLATION_MODES[case.mode], specs.PADDING_MODES[case.padding],
+                                     case.align_corners, "float32")
+        run, _, _ = bench._phase2(case, bench._inputs(case, rng), device)
+        t = bench._median_time(run, repeats)
+        with tempfile.TemporaryDirectory() as d:
+            parts = case_roofline(case, spec, d)
+        N, C, H, W, Ho, Wo = case.shape
+        points = N * Ho * Wo
+        measured = t * threads * mhz * 1e6 / points
+        floor = sum(p[2] for p in parts)
+        mem = bench.compulsory_bytes(case) / (bw * 1e9) * threads * mhz * 1e6 / points
+        rows.append({"case": case.name, "channels": C, "ms": t * 1e3, "measured": measured, "compute_floor": floor,
+                     "memory_floor": mem, "parts": parts})
+    _print(rows, mhz, threads, bw)
+    return rows
+
+
+def _print(rows, mhz, threads, bw):
+    print(f"\nGrid sampler roofline (both outputs, float32; {threads} threads; clock {mhz:.0f} MHz as "
+          f"/proc/cpuinfo says; copy bandwidth {bw:.1f} GB/s), core-cycles per output point:")
+    print("| case | C | phase 2 ms | measured | compute floor | memory floor | measured / floor |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        floor = max(r["compute_floor"], r["memory_floor"])
+        print(f"| {r['case']} | {r['channels']} | {r['ms']:.2f} | {r['measured']:.0f} | {r['compute_floor']:.0f} | "
+              f"{r['memory_floor']:.1f} | {r['measured'] / floor:.2f} |")
+    print("\nThe compute floor by part (llvm-mca block throughput, cycles per pass -> per output point):")
+    for r in rows:
+        print(f"  {r['case']}: " + "; ".join(f"{n} {c:.1f} -> {p:.1f}" for n, c, p in r["parts"]))

@@ -1,0 +1,92 @@
+"""`aclnn-iree bench --roofline` (aclnn_iree/roofline.py): the parts of the CPU grid kernel it
+finds in the rendered MLIR and in the compiled assembly, and llvm-mca's throughput of them.
+
+Oracles: the template's own text (each part holds the ops that define it; the masked
+fallbacks of the unmasked fast paths are left out as cold) and the x86 instructions the
+compiler emitted (the dx taps' hot path stores with plain vector stores, not AVX2's
+microcoded masked store: the README's "Kernel formulations" speed-up, kept by this test).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from aclnn_iree import roofline
+from aclnn_iree.compiler import specs, targets
+from aclnn_iree.compiler.compile import compiler_available
+from aclnn_iree.compiler.render import render
+
+CPU = targets.get_target("llvm-cpu")
+# An op that defines each part (found in its lines) and one that must not be in them.
+DEFINING = {
+    "slot fill (input, interleaved)": r"%xe\d+ = vector\.extract",
+    "coordinates (per 8 points)": r"%gt_t = vector\.transpose",
+    "dx taps": r"vector\.store %v_\w+_n, %islot",
+    "grid-gradient taps": r"%l_\w+ = memref\.load %ltab_f",
+    "slot to dx (transpose)": r"%to_t = vector\.transpose",
+    "grid gradient: block sums": r"%nsx = arith\.addf",
+}
+
+
+def _mlir(mode, pad="zeros"):
+    return render(specs.GridSamplerSpec(mode, pad, False, "float32"), CPU).split("\n")
+
+
+@pytest.mark.parametrize("mode", specs.INTERPOLATION_MODES)
+def test_every_part_is_found_and_holds_its_ops(mode):
+    mlir = _mlir(mode, "reflection")
+    for part in roofline.PARTS:
+        if part.needs == "dgrid" and mode == "nearest":  # no grid gradient to compute
+            with pytest.raises(ValueError):
+                roofline.part_lines(mlir, part)
+            continue
+        lines = roofline.part_lines(mlir, part)
+        text = [mlir[n - 1] for n in lines]
+        assert any(re.search(DEFINING[part.name], t) for t in text), part.name
+        # No line of another function, and no masked fallback of a fast path.
+        assert not any("func.func" in t for t in text), part.name
+        if part.name == "dx taps":
+            assert not any("vector.maskedstore %islot" in t for t in text)
+            assert any("vector.maskedstore %islot" in mlir[n] for n in range(lines[0], lines[-1]))
+
+
+def test_a_template_without_the_markers_is_an_error():
+    mlir = [l.replace("scf.for %jl", "scf.for %jj") for l in _mlir("bilinear")]
+    with pytest.raises(ValueError, match="dx taps"):
+        roofline.part_lines(mlir, next(p for p in roofline.PARTS if p.name == "dx taps"))
+
+
+@pytest.mark.skipif(shutil.which("llvm-mca") is None, reason="no llvm-mca here (apt-get install llvm)")
+def test_llvm_mca_throughput_of_known_code():
+    # Independent adds on one register pair: bound by the FP-add pipes, so n of them take
+    # n / pipes cycles; twice as many take twice as long.
+    one = roofline.throughput_cycles(["vaddps %ymm0, %ymm1, %ymm2"] * 4)
+    two = roofline.throughput_cycles(["vaddps %ymm0, %ymm1, %ymm2"] * 8)
+    assert 0 < one and two == pytest.approx(2 * one)
+    with pytest.raises(RuntimeError, match="llvm-mca"):
+        roofline.throughput_cycles(["not_an_instruction %zz9"])
+
+
+@pytest.mark.skipif(shutil.which("llvm-mca") is None or not compiler_available(),
+                    reason="needs llvm-mca and iree-base-compiler")
+def test_dx_taps_store_without_masked_stores(tmp_path):
+    spec = specs.GridSamplerSpec("bilinear", "reflection", False, "float32")
+    mlir, asm = roofline.kernel_assembly(spec, str(tmp_path))
+    part = next(p for p in roofline.PARTS if p.name == "dx taps")
+    ins = roofline.part_instructions(asm, part.func, roofline.part_lines(mlir, part))
+    stores = [i for i in ins if re.match(r"vmov\w*\s+%[xy]mm\d+, .*\)$", i)]
+    assert len(stores) >= 4, ins  # one per corner
+    assert not [i for i in ins if re.match(r"vmaskmov\w*\s+%[xy]mm\d+, %[xy]mm\d+, .*\)$", i)], ins
+    assert 0 < roofline.throughput_cycles(ins) < 40
+
+
+def test_cli_roofline_rejects_options_it_does_not_take():
+    proc = subprocess.run([sys.executable, "-m", "aclnn_iree", "bench", "--roofline", "--peers"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 1
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--roofline" in lines[0] and "Traceback" not in proc.stderr
