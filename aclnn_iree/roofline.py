@@ -30,11 +30,13 @@ import shutil
 import subprocess
 import tempfile
 
+from .compiler.specs import GRID_DX_CHANNEL_BLOCK
+
 __all__ = ["PARTS", "Part", "kernel_assembly", "part_lines", "part_instructions", "throughput_cycles",
            "case_roofline", "run_roofline"]
 
+CHANNEL_BLOCK = GRID_DX_CHANNEL_BLOCK  # channels per slot vector
 LANES = 8  # points per coordinate vector (the template's `lanes`)
-CHANNEL_BLOCK = 8  # channels per slot vector (specs.GRID_DX_CHANNEL_BLOCK)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +61,8 @@ PARTS = (
          r"scf\.for %pb0 =", "pixel8", "dgrid"),
     Part("coordinates (per 8 points)", "block_pass", r"scf\.for %i = %c0 to %Ho", r"%jrem = ",
          r"scf\.for %jl = ", "group", "any"),
-    Part("dx taps", "block_pass", r"scf\.for %jl = ", r"scf\.for %jl = ", r"scf\.if %with_dg \{|^      scf\.if %with_dx \{",
-         "point", "dx"),
+    Part("dx taps", "block_pass", r"scf\.for %jl = ", r"scf\.for %jl = ",
+         r"scf\.if %with_dg \{|^      scf\.if %with_dx \{", "point", "dx"),
     Part("grid-gradient taps", "block_pass", r"scf\.for %jl = ", r"scf\.if %with_dg \{",
          r"^      scf\.if %with_dx \{", "point", "dgrid"),
     Part("slot to dx (transpose)", "block_pass", r"scf\.for %jl = ", r"^      scf\.if %with_dx \{",
@@ -88,7 +90,7 @@ def kernel_assembly(spec, workdir: str) -> tuple:
 
 
 def _function_span(lines, func: str) -> tuple:
-    start = next((i for i, l in enumerate(lines) if re.search(rf"func\.func @{func}\(", l)), None)
+    start = next((i for i, text in enumerate(lines) if re.search(rf"func\.func @{func}\(", text)), None)
     if start is None:
         raise ValueError(f"no function @{func} in the module")
     end = next((i for i in range(start + 1, len(lines)) if re.search(r"func\.func @", lines[i])), len(lines))
@@ -96,8 +98,9 @@ def _function_span(lines, func: str) -> tuple:
 
 
 def part_lines(mlir_lines, part: Part) -> list:
-    """The 1-based MLIR source lines of `part`, less the masked forms' branches (cold).  Raises ValueError when the template no
-    longer has the markers (then PARTS needs updating)."""
+    """The 1-based MLIR source lines of `part`, less the masked forms' branches (cold).
+    Raises ValueError when the template no longer has the markers (then PARTS needs
+    updating)."""
     lo, hi = _function_span(mlir_lines, part.func)
 
     def find(pattern, frm):

@@ -55,7 +55,7 @@ def test_every_part_is_found_and_holds_its_ops(mode):
 
 
 def test_a_template_without_the_markers_is_an_error():
-    mlir = [l.replace("scf.for %jl", "scf.for %jj") for l in _mlir("bilinear")]
+    mlir = [line.replace("scf.for %jl", "scf.for %jj") for line in _mlir("bilinear")]
     with pytest.raises(ValueError, match="dx taps"):
         roofline.part_lines(mlir, next(p for p in roofline.PARTS if p.name == "dx taps"))
 
