@@ -117,7 +117,7 @@ def part_lines(mlir_lines, part: Part) -> list:
 
 # The scf.if conditions of the unmasked fast paths (templates/_grid_sampler_cpu.mlir.j2):
 # their else branches, the masked forms, run only at a slot's or a row's end.
-_FAST_IF = re.compile(r"^(\s*)scf\.if %(v_\w+_u|xf\d+|pfull|zfull) \{")
+_FAST_IF = re.compile(r"^(\s*)scf\.if %(v_\w+_u|xf\d+|\w+_sf) \{")
 
 
 def _cold_lines(mlir_lines, first: int, last: int) -> set:
