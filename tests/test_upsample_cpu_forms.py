@@ -97,8 +97,9 @@ def test_other_forms_give_the_same_bits(what, dtype):
 
 # (N, C, (H_in, W_in), (H_out, W_out)), each taking the W pass first: H down-sampled 2000x
 # while W is up-sampled 2000x (the H-first order's worst case: H_in * W_out taps per plane;
-# one block per plane computes u once; dx one column wide: the NCHW form's scalar sums for
-# tiles narrower than a vector), moderate mixed ratios, several column tiles in
+# one block per plane computes u once; dx one column wide: for tiles narrower than a vector
+# the NCHW form's W pass sums scalars and its H pass runs along the rows, its stores
+# contiguous), moderate mixed ratios, several column tiles in
 # both layouts (NCHW: runs of ~56 dy rows, 64-column tiles; NHWC: 6-column tiles), a
 # window taller than the tile (both axes up-sampled hundreds of times: the scalar and
 # per-pixel forms), more channels than the NHWC tile holds, a channel count that is no
