@@ -9,9 +9,37 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import ops  # noqa: F401  (registers torch.ops.aclnn_iree.*)
+from . import ops  # registers torch.ops.aclnn_iree.*; its autograd formulas are used below
 
 __all__ = ["grid_sample", "interpolate"]
+
+
+# The functions' autograd: an autograd.Function around PyTorch's forward whose setup and
+# backward are the formulas registered for the forward ops (ops._grid_* / ops._up_*), so the
+# same gradients through the same backward ops.  Outside the op rather than through it: the
+# op's register_autograd kernel costs ~65 us a call here, most of it torch._library's
+# fill_defaults (quadratic in the schema's arity, pytorch/pytorch#195110), against ~15 us for
+# an autograd.Function whose forward takes ctx (one with a separate setup_context binds its
+# arguments with inspect.signature on every call, another ~60 us); torch.compile traces either,
+# and the compiled backward graph holds our backward ops all the same (tests/test_torch.py).
+class _GridSampler2d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = torch.ops.aten.grid_sampler_2d(*inputs)
+        ops._grid_setup(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(ops._grid_backward)
+
+
+class _UpsampleBilinear2d(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = torch.ops.aten.upsample_bilinear2d(*inputs)
+        ops._up_setup(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(ops._up_backward)
 
 _MODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}
 _PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
@@ -37,8 +65,7 @@ def grid_sample(input, grid, mode: str = "bilinear", padding_mode: str = "zeros"
         align_corners = False
     if input.dim() != 4:
         return F.grid_sample(input, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
-    return torch.ops.aclnn_iree.grid_sampler_2d(input, grid, _MODES[mode], _PADDINGS[padding_mode],
-                                                bool(align_corners))
+    return _GridSampler2d.apply(input, grid, _MODES[mode], _PADDINGS[padding_mode], bool(align_corners))
 
 
 def _is_integer(x) -> bool:
@@ -108,4 +135,4 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "bilinear", ali
         if recompute_scale_factor:
             scale_factors = None
     scales_h, scales_w = scale_factors if scale_factors is not None else (None, None)
-    return torch.ops.aclnn_iree.upsample_bilinear2d(input, output_size, bool(align_corners), scales_h, scales_w)
+    return _UpsampleBilinear2d.apply(input, output_size, bool(align_corners), scales_h, scales_w)
