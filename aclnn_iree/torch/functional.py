@@ -22,24 +22,19 @@ __all__ = ["grid_sample", "interpolate"]
 # an autograd.Function whose forward takes ctx (one with a separate setup_context binds its
 # arguments with inspect.signature on every call, another ~60 us); torch.compile traces either,
 # and the compiled backward graph holds our backward ops all the same (tests/test_torch.py).
-class _GridSampler2d(torch.autograd.Function):
-    @staticmethod
+def _function(name, aten_forward, setup_context, backward):
+    """An autograd.Function: PyTorch's forward `aten_forward`, then the op's setup_context."""
     def forward(ctx, *inputs):
-        output = torch.ops.aten.grid_sampler_2d(*inputs)
-        ops._grid_setup(ctx, inputs, output)
+        output = aten_forward(*inputs)
+        setup_context(ctx, inputs, output)
         return output
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                   "backward": staticmethod(backward)})
 
-    backward = staticmethod(ops._grid_backward)
 
-
-class _UpsampleBilinear2d(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, *inputs):
-        output = torch.ops.aten.upsample_bilinear2d(*inputs)
-        ops._up_setup(ctx, inputs, output)
-        return output
-
-    backward = staticmethod(ops._up_backward)
+_GridSampler2d = _function("_GridSampler2d", torch.ops.aten.grid_sampler_2d, ops._grid_setup, ops._grid_backward)
+_UpsampleBilinear2d = _function("_UpsampleBilinear2d", torch.ops.aten.upsample_bilinear2d, ops._up_setup,
+                                ops._up_backward)
 
 _MODES = {"bilinear": 0, "nearest": 1, "bicubic": 2}
 _PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
