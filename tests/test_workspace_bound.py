@@ -37,8 +37,8 @@ MASKS = [(True, True), (True, False), (False, True)]
 ALIGN = 64  # IREE's unit for a transient buffer on CPUs
 
 
-def _workspace(go, x, grid, mode, pad, ac, mask) -> int:
-    status, stream = A.aclrtCreateStream(DEVICE)
+def _workspace(go, x, grid, mode, pad, ac, mask, device=DEVICE) -> int:
+    status, stream = A.aclrtCreateStream(device)
     assert status == A.ACLNN_SUCCESS
 
     def t(a):
@@ -133,3 +133,73 @@ def test_workspace_within_the_largest_input_for_every_shape(N, C, H, W, Ho, Wo, 
     paths = check_bound_and_bits((N, C, H, W, Ho, Wo), dtype, *combo, mask, seed)
     names = {True: "whole-plane pass", False: "banded / point-parallel", None: "no block pass"}
     event(f"call: {names[paths[0]]}; batch of {BATCH}: {names[paths[1]]}")
+
+
+# ----------------------------------------------------------------------------- GPUs (Vulkan)
+# The GPU forms (templates/_grid_sampler_gpu.mlir.j2) in their default, atomic dx mode (float32
+# atomics on Vulkan): the grid gradient is one point-parallel dispatch whose result IREE writes
+# into grad_grid's storage (no partial sums), so grad_grid alone needs no workspace in any
+# dtype; float32 dx accumulates in one dx-sized buffer (IREE 3.13 copies a dispatch result tied
+# to an operand from a transient into the caller's storage): the input's bytes, in whole 64-byte
+# units (so up to 63 bytes beyond it).  Half
+# types' float32 accumulator (twice the input) and the deterministic mode's copies are not
+# bounded (README "Support and targets").  Oracle: the float64 reference within test_dtypes'
+# derived bound (the atomic sums' order varies, so there are no bits to compare).
+GPU = "vulkan"
+GPU_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
+
+
+def _units(nbytes):
+    """`nbytes` in whole ALIGN-byte units, as IREE places a transient buffer."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def _check_gpu_call(shape, dtype, mode, pad, ac, mask, seed):
+    """Runs the call on the GPU; asserts its outputs against the float64 reference; returns
+    (workspace bytes, the largest input's bytes)."""
+    from conftest import require_device
+    from test_dtypes import check_half, error_bound, grid_abs_sums
+    from aclnn_iree import reference as ref
+    require_device(GPU)
+    go, x, grid = _arrays(np.random.default_rng(seed), shape, dtype)
+    ws = _workspace(go, x, grid, mode, pad, ac, mask, device=GPU)
+    ours = api.grid_sampler_2d_backward(go, x, grid, mode, pad, ac, output_mask=mask, device=GPU)
+    wide = [a.astype(np.float64) for a in (go, x, grid)]
+    want = ref.grid_sampler_2d_backward(*wide, mode, pad, ac)
+    sums = grid_abs_sums(*wide, mode, pad, ac)
+    for name, out, r, m in zip(("dx", "dgrid"), ours, want, mask):
+        if not m:
+            assert out is None
+            continue
+        if np.dtype(dtype) == np.float32:  # stored as accumulated: the float32 part of the bound
+            bound = error_bound(r, *sums[name], np.float32)[1]
+            err = np.abs(out.astype(np.float64) - r)
+            assert np.all(err <= bound), (name, float(np.max(err - bound)))
+        else:
+            check_half(out, r, *sums[name], dtype, what=name)
+    return ws, max(a.nbytes for a in (go, x, grid))
+
+
+@settings(max_examples=60, deadline=None)
+@given(N=st.integers(1, 2), C=st.integers(1, 5), H=st.integers(1, 24), W=st.integers(1, 24),
+       Ho=st.integers(1, 16), Wo=st.integers(1, 16), dtype=st.sampled_from(GPU_DTYPES),
+       combo=st.sampled_from([(m, p, a) for m in (0, 1, 2) for p in (0, 1, 2) for a in (False, True)]),
+       mask=st.sampled_from(MASKS), seed=st.integers(0, 2**16))
+def test_gpu_workspace_of_the_atomic_form(N, C, H, W, Ho, Wo, dtype, combo, mask, seed):
+    ws, largest = _check_gpu_call((N, C, H, W, Ho, Wo), dtype, *combo, mask, seed)
+    if not mask[0]:
+        assert ws == 0  # grad_grid alone: written straight into the caller's storage
+    elif np.dtype(dtype) == np.float32:
+        assert ws <= _units(largest), (ws, largest)
+    event("grad_grid alone" if not mask[0] else np.dtype(dtype).name)
+
+
+def test_gpu_grid_gradient_needs_no_partial_sums_beyond_one_block():
+    """More channels than a GPU block (256): the blocks are still summed in order within the
+    point's invocation, with no workspace; a 3-channel 224 x 224 image with both outputs in
+    float32 stays within its input (it took 1.67x with the partial sums)."""
+    _check_gpu_call((1, 300, 6, 5, 3, 4), np.float32, 0, 2, False, (False, True), seed=3)
+    ws, largest = _check_gpu_call((1, 300, 6, 5, 3, 4), np.float32, 2, 0, True, (True, True), seed=4)
+    assert ws == _units(6 * 5 * 300 * 4)  # dx's accumulator alone
+    go, x, grid = _arrays(np.random.default_rng(5), (1, 3, 224, 224, 224, 224), np.float32)
+    assert _workspace(go, x, grid, 0, 0, False, (True, True), device=GPU) == x.nbytes
