@@ -1,4 +1,5 @@
-"""The CPU grid sampler's workspace never exceeds its largest input (issue 21).
+"""Workspace bounds (issue 21): the CPU grid sampler's never exceeds its largest input; on
+GPUs (Vulkan, at the end) the grid sampler's atomic form and the upsample's intermediate.
 
 The block pass accumulates dx in per-worker slots of a whole (channel block, image) plane
 with the channels interleaved (templates/_grid_sampler_cpu.mlir.j2), and the two-output and
@@ -203,3 +204,62 @@ def test_gpu_grid_gradient_needs_no_partial_sums_beyond_one_block():
     assert ws == _units(6 * 5 * 300 * 4)  # dx's accumulator alone
     go, x, grid = _arrays(np.random.default_rng(5), (1, 3, 224, 224, 224, 224), np.float32)
     assert _workspace(go, x, grid, 0, 0, False, (True, True), device=GPU) == x.nbytes
+
+
+# ----------------------------------------------------------------------------- GPU upsample
+# The GPU upsample meets its two separable passes in an intermediate t (in the compute type) in
+# the workspace, the smaller of Ho x W and H x Wo per plane; where even that exceeds
+# grad_output's bytes (both axes up-sampled less than 2x in the forward), no t is kept and the
+# second pass computes the t values it reads itself (t_rows in the template): the workspace is
+# then the window tables alone.  Oracle: the float64 reference within test_dtypes' bound.
+UPSAMPLE_CASES = [  # (N, C, Ho, Wo, H, W): the forward's output and input planes
+    (2, 16, 4, 4, 64, 64),   # forward 16x down on both axes: t would be 16x grad_output
+    (1, 3, 9, 12, 13, 17),   # down < 2x on both axes
+    (2, 4, 16, 16, 16, 16),  # no resize: t as large as grad_output (half types: twice)
+    (1, 2, 40, 3, 21, 5),    # one axis up, the other down
+]
+
+
+def _table_bytes_max(Ho, Wo, H, W, ct_bytes):
+    """The window tables at most: a start (i64) and K <= out weights per input index."""
+    return _units(8 * H) + _units(ct_bytes * Ho * H) + _units(8 * W) + _units(ct_bytes * Wo * W)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("case", UPSAMPLE_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_gpu_upsample_intermediate_never_exceeds_grad_output(case, layout, dtype):
+    from conftest import require_device
+    from test_dtypes import check_half, check_f64, error_bound, UpsampleCase
+    require_device(GPU)
+    N, C, Ho, Wo, H, W = case
+    go = np.random.default_rng(sum(case)).standard_normal((N, C, Ho, Wo))
+    ucase = UpsampleCase("gpu", go, (H, W), False, layout)
+    (g,) = ucase.inputs(dtype)
+    osz, isz = ucase.sizes
+    arr, lsz = (g, isz) if layout == "NCHW" else (g.transpose(0, 2, 3, 1), (N, H, W, C))
+    status, stream = A.aclrtCreateStream(GPU)
+    assert status == A.ACLNN_SUCCESS
+    out = np.empty(lsz, dtype)
+    status, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
+        A.aclCreateTensor(arr, layout, stream=stream), A.aclCreateIntArray(list(osz)), A.aclCreateIntArray(list(lsz)),
+        False, 0.0, 0.0, A.aclCreateTensor(out, layout, stream=stream))
+    assert status == A.ACLNN_SUCCESS, A.aclGetRecentErrMsg()
+    A.aclDestroyAclOpExecutor(ex)
+    ct = 8 if np.dtype(dtype) == np.float64 else 4
+    t_old = N * C * min(Ho * W, H * Wo) * ct  # the smaller intermediate, as it was always kept
+    assert ws <= _units(g.nbytes) + _table_bytes_max(Ho, Wo, H, W, ct), (ws, g.nbytes)
+    if t_old > g.nbytes:  # no t at all (the first case: the tables are 3 KiB, t was 32 KiB)
+        assert ws <= _table_bytes_max(Ho, Wo, H, W, ct), (ws, t_old)
+    ours = api.upsample_bilinear2d_backward(arr, osz, lsz, False, memory_format=layout, device=GPU)
+    if layout == "NHWC":
+        ours = ours.transpose(0, 3, 1, 2)
+    want = ucase.reference(dtype)["dx"]
+    S, n, A_ = ucase.abs_sums(dtype)["dx"]
+    if np.dtype(dtype) == np.float64:
+        check_f64(ours, want, "dx")
+    elif np.dtype(dtype) == np.float32:
+        err = np.abs(ours.astype(np.float64) - want)
+        assert np.all(err <= error_bound(want, S, n, A_, np.float32)[1])
+    else:
+        check_half(ours, want, S, n, A_, dtype, what="dx")
