@@ -209,13 +209,14 @@ def test_gpu_grid_gradient_needs_no_partial_sums_beyond_one_block():
 # ----------------------------------------------------------------------------- GPU upsample
 # The GPU upsample meets its two separable passes in an intermediate t (in the compute type) in
 # the workspace, the smaller of Ho x W and H x Wo per plane; where even that exceeds
-# grad_output's bytes (both axes up-sampled less than 2x in the forward), no t is kept and the
+# grad_output's bytes (the forward down-samples both axes; in half types, whose t is float32,
+# up-samples each by less than 2x), no t is kept and the
 # second pass computes the t values it reads itself (t_rows in the template): the workspace is
 # then the window tables alone.  Oracle: the float64 reference within test_dtypes' bound.
 UPSAMPLE_CASES = [  # (N, C, Ho, Wo, H, W): the forward's output and input planes
     (2, 16, 4, 4, 64, 64),   # forward 16x down on both axes: t would be 16x grad_output
-    (1, 3, 9, 12, 13, 17),   # down < 2x on both axes
-    (2, 4, 16, 16, 16, 16),  # no resize: t as large as grad_output (half types: twice)
+    (1, 3, 9, 12, 13, 17),   # down < 2x on both axes (t would exceed grad_output)
+    (2, 4, 16, 16, 16, 16),  # no resize: t as large as grad_output (kept; half types: twice, not kept)
     (1, 2, 40, 3, 21, 5),    # one axis up, the other down
 ]
 
