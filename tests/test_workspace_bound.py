@@ -35,6 +35,7 @@ DEVICE = "local-task"
 BATCH = 32
 DTYPES = [np.float32, np.float64, np.float16, ml_dtypes.bfloat16]
 MASKS = [(True, True), (True, False), (False, True)]
+COMBOS = [(m, p, a) for m in (0, 1, 2) for p in (0, 1, 2) for a in (False, True)]  # mode, padding, ac
 ALIGN = 64  # IREE's unit for a transient buffer on CPUs
 
 
@@ -128,7 +129,7 @@ def test_banded_and_point_parallel_passes_keep_the_bound_and_the_bits(shape, dty
 @settings(max_examples=120, deadline=None)
 @given(N=st.integers(1, 2), C=st.integers(1, 11), H=st.integers(1, 40), W=st.integers(1, 40),
        Ho=st.integers(1, 24), Wo=st.integers(1, 24), dtype=st.sampled_from(DTYPES),
-       combo=st.sampled_from([(m, p, a) for m in (0, 1, 2) for p in (0, 1, 2) for a in (False, True)]),
+       combo=st.sampled_from(COMBOS),
        mask=st.sampled_from(MASKS), seed=st.integers(0, 2**16))
 def test_workspace_within_the_largest_input_for_every_shape(N, C, H, W, Ho, Wo, dtype, combo, mask, seed):
     paths = check_bound_and_bits((N, C, H, W, Ho, Wo), dtype, *combo, mask, seed)
@@ -184,7 +185,7 @@ def _check_gpu_call(shape, dtype, mode, pad, ac, mask, seed):
 @settings(max_examples=60, deadline=None)
 @given(N=st.integers(1, 2), C=st.integers(1, 5), H=st.integers(1, 24), W=st.integers(1, 24),
        Ho=st.integers(1, 16), Wo=st.integers(1, 16), dtype=st.sampled_from(GPU_DTYPES),
-       combo=st.sampled_from([(m, p, a) for m in (0, 1, 2) for p in (0, 1, 2) for a in (False, True)]),
+       combo=st.sampled_from(COMBOS),
        mask=st.sampled_from(MASKS), seed=st.integers(0, 2**16))
 def test_gpu_workspace_of_the_atomic_form(N, C, H, W, Ho, Wo, dtype, combo, mask, seed):
     ws, largest = _check_gpu_call((N, C, H, W, Ho, Wo), dtype, *combo, mask, seed)
