@@ -39,6 +39,11 @@ COMBOS = [(m, p, a) for m in (0, 1, 2) for p in (0, 1, 2) for a in (False, True)
 ALIGN = 64  # IREE's unit for a transient buffer on CPUs
 
 
+def _units(nbytes):
+    """`nbytes` in whole ALIGN-byte units, as IREE places a transient buffer."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
 def _workspace(go, x, grid, mode, pad, ac, mask, device=DEVICE) -> int:
     status, stream = A.aclrtCreateStream(device)
     assert status == A.ACLNN_SUCCESS
@@ -72,7 +77,7 @@ def _whole_plane_bytes(shape, dtype, mode, mask):
     partials = mask[1] and mode != 1  # nearest has no grid gradient to sum
     halves = int(mask[0]) + int(partials)
     sums = N * -(-C // 8) * Ho * Wo * 2 * wide if partials else 0
-    return halves * H * W * min(C, 8) * wide + -(-sums // ALIGN) * ALIGN
+    return halves * H * W * min(C, 8) * wide + _units(sums)
 
 
 def check_bound_and_bits(shape, dtype, mode, pad, ac, mask, seed=0):
@@ -151,16 +156,25 @@ GPU = "vulkan"
 GPU_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
 
 
-def _units(nbytes):
-    """`nbytes` in whole ALIGN-byte units, as IREE places a transient buffer."""
-    return -(-nbytes // ALIGN) * ALIGN
+def _check_against_reference(out, want, S, n, A_, dtype, what):
+    """`out` within test_dtypes' derived bound of the float64 reference `want` (S, n, A_: its
+    abs_sums); float32 results are stored as accumulated, so the float32 part of the bound."""
+    from test_dtypes import check_f64, check_half, error_bound
+    if np.dtype(dtype) == np.float64:
+        check_f64(out, want, what)
+    elif np.dtype(dtype) == np.float32:
+        err = np.abs(out.astype(np.float64) - want)
+        bound = error_bound(want, S, n, A_, np.float32)[1]
+        assert np.all(err <= bound), (what, float(np.max(err - bound)))
+    else:
+        check_half(out, want, S, n, A_, dtype, what=what)
 
 
 def _check_gpu_call(shape, dtype, mode, pad, ac, mask, seed):
     """Runs the call on the GPU; asserts its outputs against the float64 reference; returns
     (workspace bytes, the largest input's bytes)."""
     from conftest import require_device
-    from test_dtypes import check_half, error_bound, grid_abs_sums
+    from test_dtypes import grid_abs_sums
     from aclnn_iree import reference as ref
     require_device(GPU)
     go, x, grid = _arrays(np.random.default_rng(seed), shape, dtype)
@@ -173,12 +187,7 @@ def _check_gpu_call(shape, dtype, mode, pad, ac, mask, seed):
         if not m:
             assert out is None
             continue
-        if np.dtype(dtype) == np.float32:  # stored as accumulated: the float32 part of the bound
-            bound = error_bound(r, *sums[name], np.float32)[1]
-            err = np.abs(out.astype(np.float64) - r)
-            assert np.all(err <= bound), (name, float(np.max(err - bound)))
-        else:
-            check_half(out, r, *sums[name], dtype, what=name)
+        _check_against_reference(out, r, *sums[name], dtype, name)
     return ws, max(a.nbytes for a in (go, x, grid))
 
 
@@ -232,7 +241,7 @@ def _table_bytes_max(Ho, Wo, H, W, ct_bytes):
 @pytest.mark.parametrize("case", UPSAMPLE_CASES, ids=lambda c: "x".join(map(str, c)))
 def test_gpu_upsample_intermediate_never_exceeds_grad_output(case, layout, dtype):
     from conftest import require_device
-    from test_dtypes import check_half, check_f64, error_bound, UpsampleCase
+    from test_dtypes import UpsampleCase
     require_device(GPU)
     N, C, Ho, Wo, H, W = case
     go = np.random.default_rng(sum(case)).standard_normal((N, C, Ho, Wo))
@@ -257,11 +266,4 @@ def test_gpu_upsample_intermediate_never_exceeds_grad_output(case, layout, dtype
     if layout == "NHWC":
         ours = ours.transpose(0, 3, 1, 2)
     want = ucase.reference(dtype)["dx"]
-    S, n, A_ = ucase.abs_sums(dtype)["dx"]
-    if np.dtype(dtype) == np.float64:
-        check_f64(ours, want, "dx")
-    elif np.dtype(dtype) == np.float32:
-        err = np.abs(ours.astype(np.float64) - want)
-        assert np.all(err <= error_bound(want, S, n, A_, np.float32)[1])
-    else:
-        check_half(ours, want, S, n, A_, dtype, what="dx")
+    _check_against_reference(ours, want, *ucase.abs_sums(dtype)["dx"], dtype, "dx")
