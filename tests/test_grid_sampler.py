@@ -1103,8 +1103,10 @@ def test_dgrid_point_pass_has_the_slot_pass_bits(device, monkeypatch, mode, pad,
     cases = [random_case(rng, (2, C, 6, 7, 5, 9), np.float64, -1.3, 1.3) for C in (1, 3, 8, 9, 17)]
     # a warp: lanes of 8 points reading consecutive pixels of a row take vector loads there
     cases += [_warp_case(rng, (2, C, 7, 26, 6, 21), ac) for C in (1, 8, 11)]
-    # output rows longer than dgrid_points' chunk (256 points), with a partial last group
-    cases += [_warp_case(rng, (1, 11, 4, 310, 3, 300), ac), random_case(rng, (1, 9, 5, 30, 2, 263), np.float64, -1.3, 1.3)]
+    # output rows longer than dgrid_points' chunk (256 points), with a partial last group, and
+    # an input over its 524288 elements, where it walks the channel blocks outside the points
+    cases += [_warp_case(rng, (1, 11, 4, 310, 3, 300), ac), random_case(rng, (1, 9, 5, 30, 2, 263), np.float64, -1.3, 1.3),
+              _warp_case(rng, (1, 11, 220, 240, 3, 300), ac)]
     for go, x, grid in cases:
         go, x, grid = (a.astype(st) for a in (go, x, grid))
         C = x.shape[1]
