@@ -76,12 +76,18 @@ def empty_aligned(shape, dtype, alignment: int = 64) -> np.ndarray:
         raise MemoryError(f"needs {nbytes} bytes, which cannot be allocated")
     if nbytes == 0 and math.prod(max(d, 1) for d in shape) * dtype.itemsize > MAX_HOST_BYTES:
         raise MemoryError("has extents too large for an array (even an empty one)")
-    plain = np.empty(shape, dtype)  # often aligned already: then no over-allocation and slicing (2 us)
-    if plain.ctypes.data % alignment == 0:
-        return plain
+    if alignment <= HOST_ALIGNMENT:  # malloc's own alignment, as a rule: no over-allocation and slicing (2 us)
+        plain = np.empty(shape, dtype)
+        if plain.ctypes.data % alignment == 0:
+            return plain
     raw = np.empty(nbytes + alignment, np.uint8)
     start = (-raw.ctypes.data) % alignment
     return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
+# Imported host memory's type and usage, made once (combining the flags costs ~0.7 us a call).
+_HOST_MEMORY = rt.MemoryType.DEVICE_LOCAL | rt.MemoryType.HOST_VISIBLE
+_HOST_USAGE = rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING
 
 
 def import_or_upload(device: Device, array: np.ndarray) -> rt.HalBuffer:
@@ -96,11 +102,6 @@ def import_or_upload(device: Device, array: np.ndarray) -> rt.HalBuffer:
     if device.is_host:
         return device.allocator.import_host_allocation(array, _HOST_MEMORY, _HOST_USAGE)
     return device.upload(array)
-
-
-# Imported host memory's type and usage, made once (combining the flags costs ~0.7 us a call).
-_HOST_MEMORY = rt.MemoryType.DEVICE_LOCAL | rt.MemoryType.HOST_VISIBLE
-_HOST_USAGE = rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING
 
 
 def host_storage(device: Device, array: np.ndarray, fmt: str = "ND") -> "Storage":
