@@ -14,8 +14,14 @@ except under CI=true, where it fails them: CI must test Vulkan for real.  The fi
 test on a device compiles every module for it that no store holds, in parallel
 (prepare_modules), instead of one at a time on first use.
 ACLNN_IREE_TEST_DEVICES="local-task" (comma-separated) narrows the list.
+
+Order: the tests that may create the Vulkan device run last (pytest_collection_modifyitems).
+IREE's Vulkan device on lavapipe busy-polls while it exists (measured: about 0.66 of a core,
+idle, from its creation until it is destroyed), so every CPU test after it ran on what was
+left of the two cores (the stereo job's fixture: 16-24 s alone, 95 s after the Vulkan tests).
 """
 import functools
+import inspect
 import os
 
 import pytest
@@ -95,3 +101,24 @@ def is_gpu(device: str) -> bool:
     """Whether the IREE device `device` runs the GPU forms of the kernels."""
     from aclnn_iree.compiler.targets import target_for_driver
     return target_for_driver(device).is_gpu
+
+
+def _may_use_vulkan(item) -> bool:
+    """Whether a test may create the Vulkan device: by its id (the `device` parameter, its
+    name), a fixture, or the device named in its code (a GPU constant, require_device)."""
+    if "vulkan" in item.nodeid or "vulkan" in getattr(item, "fixturenames", ()):
+        return True
+    try:
+        source = inspect.getsource(item.function)
+    except (AttributeError, OSError, TypeError):
+        return False
+    return "vulkan" in source or "GPU" in source
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own grouping by the `device` parameter
+def pytest_collection_modifyitems(session, config, items):
+    """The tests that may create the Vulkan device last (stable otherwise): see the module
+    docstring.  Under ACLNN_IREE_TEST_DEVICES without vulkan nothing moves."""
+    if "vulkan" not in DEVICES:
+        return
+    items[:] = sorted(items, key=_may_use_vulkan)
