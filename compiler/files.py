@@ -8,7 +8,17 @@ import secrets
 import socket
 import time
 
-__all__ = ["atomic_write", "os_error_text", "remove_stale_temporaries"]
+__all__ = ["atomic_write", "cache_dir", "os_error_text", "remove_stale_temporaries"]
+
+
+def cache_dir() -> str:
+    """Per-user cache directory (platformdirs), or ACLNN_IREE_CACHE when set: the compile
+    cache of modules built on first use, and the compiled templates (render.py)."""
+    env = os.environ.get("ACLNN_IREE_CACHE")
+    if env:
+        return env
+    import platformdirs
+    return platformdirs.user_cache_dir("aclnn-iree")
 
 
 def os_error_text(e: OSError) -> str:

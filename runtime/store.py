@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from ..compiler.build import ArtifactStore, target_folder
+from ..compiler import files
 from ..compiler.compile import INSTALL_HINT, compiler_available
 from ..compiler.targets import build_args, target_for_driver
 
@@ -70,11 +71,7 @@ def is_offline() -> bool:
 
 def cache_dir() -> str:
     """Per-user compile cache (platformdirs), or ACLNN_IREE_CACHE when set."""
-    env = os.environ.get("ACLNN_IREE_CACHE")
-    if env:
-        return env
-    import platformdirs
-    return platformdirs.user_cache_dir("aclnn-iree")
+    return files.cache_dir()
 
 
 def search_dirs() -> list:

@@ -252,7 +252,8 @@ def test_offline_mode_raises_artifact_missing(tmp_path, monkeypatch):
             aclnn_iree.grid_sampler_2d_backward(x, x, np.zeros((1, 4, 4, 2), np.float32), 1, 2, True)
         assert ei.value.status == ACLNN_ERR_INNER_FIND_KERNEL_ERROR == 561003
         assert spec.kernel_name in str(ei.value)
-        assert not any(cache.iterdir()), "offline mode compiled something"
+        # (its jinja2/ folder may hold the compiled templates: render.py, not modules)
+        assert not [p for p in cache.iterdir() if p.name != "jinja2"], "offline mode compiled something"
     finally:
         store.set_offline(None)
         store.set_artifacts_dir(None)

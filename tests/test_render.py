@@ -361,3 +361,51 @@ def test_gpu_forms_render_with_their_exports(spec):
     # no CPU workgroup code (vector ops, stack buffers) in the GPU form
     assert "vector." not in text and "memref.alloca" not in text
     assert text != render_mod.render(spec)
+
+
+@pytest.fixture
+def fresh_environment(monkeypatch, tmp_path):
+    """render's Jinja2 environment made again with its bytecode cache under tmp_path/cache;
+    the suite's own environment is restored afterwards."""
+    monkeypatch.setenv("ACLNN_IREE_CACHE", str(tmp_path / "cache"))
+    render_mod._environment.cache_clear()
+    yield tmp_path / "cache" / "jinja2"
+    render_mod._environment.cache_clear()
+
+
+def _refuse_compiling(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the template was compiled although its bytecode was cached")
+    monkeypatch.setattr(render_mod._environment(), "compile", refuse)
+
+
+def test_a_second_environment_renders_from_the_cached_bytecode(fresh_environment, monkeypatch):
+    """What a new process sees: the templates compiled by an earlier one come from the cache
+    (no Jinja2 compile), with the same text."""
+    specs = [GRID_SPECS[0], UPSAMPLE_SPECS[-1]]
+    first = [render_mod.render(s) for s in specs]
+    assert len(list(fresh_environment.glob("__jinja2_*.cache"))) >= 2  # the templates and their imports
+    render_mod._environment.cache_clear()
+    _refuse_compiling(monkeypatch)
+    assert [render_mod.render(s) for s in specs] == first
+    assert first[0] == rendered(GRID_SPECS[0])
+
+
+def test_a_damaged_cache_entry_is_compiled_again(fresh_environment):
+    want = render_mod.render(GRID_SPECS[0])
+    entries = list(fresh_environment.glob("__jinja2_*.cache"))
+    for e in entries:
+        e.write_bytes(e.read_bytes()[:40])  # Jinja2's header, then a truncated code object
+    render_mod._environment.cache_clear()
+    assert render_mod.render(GRID_SPECS[0]) == want
+
+
+def test_an_unwritable_cache_directory_renders_without_a_cache(monkeypatch, tmp_path):
+    """The cache directory below a regular file (unmakeable even for root): the same text."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("ACLNN_IREE_CACHE", str(tmp_path / "file" / "cache"))
+    render_mod._environment.cache_clear()
+    try:
+        assert render_mod.render(UPSAMPLE_SPECS[0]) == rendered(UPSAMPLE_SPECS[0])
+    finally:
+        render_mod._environment.cache_clear()

@@ -80,7 +80,8 @@ def test_prebuilt_modules_run_and_missing_ones_name_the_build(tmp_path, capsys):
     assert "iree-base-compiler is not installed" in message
     assert "upsample_bilinear2d_backward_nchw_ac0_f32" in message
     assert f"aclnn-iree build --target llvm-cpu --target-cpu {PORTABLE_CPU}" in message
-    assert not any(cache.iterdir())  # nothing was compiled or written into the cache
+    # nothing was compiled or written into the cache but the compiled templates (render.py)
+    assert [p.name for p in cache.iterdir()] in ([], ["jinja2"])
 
     # The entry was checked, not just found: a changed template (here: its recorded key) is stale.
     store = ArtifactStore(out)
