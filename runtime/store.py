@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 
 from ..compiler.build import ArtifactStore, target_folder
-from ..compiler import files
 from ..compiler.compile import INSTALL_HINT, compiler_available
+from ..compiler.files import cache_dir  # the per-user cache (or ACLNN_IREE_CACHE), shared with render.py
 from ..compiler.targets import build_args, target_for_driver
 
 __all__ = ["ArtifactMissing", "is_offline", "load_module_bytes", "prepare", "set_artifacts_dir", "set_offline",
@@ -67,11 +67,6 @@ def is_offline() -> bool:
     if _offline is not None:
         return bool(_offline)
     return os.environ.get("ACLNN_IREE_OFFLINE", "") not in ("", "0", "false", "False")
-
-
-def cache_dir() -> str:
-    """Per-user compile cache (platformdirs), or ACLNN_IREE_CACHE when set."""
-    return files.cache_dir()
 
 
 def search_dirs() -> list:
