@@ -65,6 +65,42 @@ def test_baselines_are_the_zero_and_the_median():
     assert b["best_constant"]["disparity"] == 2.0 and b["best_constant"]["epe"] == pytest.approx(8.0 / 3)
 
 
+def _composed_data_term(torch, a, b, weights, eps):
+    """The data term by plain autograd ops: the reference of the fused Function."""
+    return ((((a - b) ** 2 + eps ** 2) ** 0.25) * weights.view(1, -1, 1, 1)).sum(1, keepdim=True)
+
+
+def test_robust_data_term_against_the_composed_formula():
+    """The fused data term (one autograd Function): gradcheck in float64 of both inputs;
+    its float64 value and gradients equal the composed formula's to float64 rounding; its
+    float32 ones are within float32 rounding of them (a sum of C terms of a few ulps each)."""
+    torch = pytest.importorskip("torch")
+    term = S._robust_data_term(torch)
+    g = torch.Generator().manual_seed(7)
+    n, c, h, w = 2, 5, 3, 4
+    a, b = (0.1 * torch.randn(n, c, h, w, generator=g, dtype=torch.float64) for _ in range(2))
+    a[0, 0, 0, 0] = b[0, 0, 0, 0]  # x = 0: the penalty's minimum, where its slope is 0
+    weights = torch.rand(c, generator=g, dtype=torch.float64)
+    a.requires_grad_(True)
+    b.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, b: term.apply(a, b, weights, 0.01), (a, b))
+    seed = torch.randn(n, 1, h, w, generator=g, dtype=torch.float64)
+    ref = _composed_data_term(torch, a, b, weights, 0.01)
+    ref_grads = torch.autograd.grad((ref * seed).sum(), (a, b))
+    for dtype, rtol in ((torch.float64, 1e-13), (torch.float32, 8 * c * torch.finfo(torch.float32).eps)):
+        a1, b1 = (x.detach().to(dtype).requires_grad_() for x in (a, b))
+        out = term.apply(a1, b1, weights.to(dtype), 0.01)
+        grads = torch.autograd.grad((out * seed.to(dtype)).sum(), (a1, b1))
+        assert out.dtype == dtype and out.shape == (n, 1, h, w)
+        torch.testing.assert_close(out.double(), ref.detach(), rtol=rtol, atol=0)
+        for got, want in zip(grads, ref_grads):
+            scale = want.abs().max().item()  # gradients cross zero: bound against their scale
+            torch.testing.assert_close(got.double(), want, rtol=0, atol=rtol * scale)
+    a2 = a.detach().requires_grad_()
+    out = term.apply(a2, b.detach(), weights, 0.01)  # b without requires_grad: no gradient for it
+    assert torch.autograd.grad(out.sum(), a2)[0].shape == a2.shape
+
+
 @pytest.fixture(scope="module")
 def quick_job(tmp_path_factory):
     pytest.importorskip("torch")
