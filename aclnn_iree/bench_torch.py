@@ -61,11 +61,14 @@ def _step(case, torch, F, AT, ours: bool, compiled: bool):
 
 def custom_op_overhead_us(torch, repeats: int = 200, blocks: int = 10) -> dict:
     """Microseconds of the tiny 1x1x4x4 grid-sampler backward through the custom op and through
-    the Pythonic call, and their difference (the host cost of the torch layer).
+    the Pythonic call, and the host cost of the torch layer between them.
 
     Both run on the synchronous CPU device (local-sync): on local-task a tiny call's time is
     mostly the wake-up of a worker thread, whose jitter on a shared VM hides a difference
-    of microseconds.  The minimum over `blocks` alternating blocks of `repeats` calls."""
+    of microseconds.  `blocks` pairs of adjacent blocks of `repeats` calls (op, Pythonic,
+    op, ...): each call's time is the least of its block medians, the overhead the median
+    of the pairs' differences, so that a drift of the machine's speed between blocks (tens
+    of microseconds on a shared VM) falls on both sides of each difference."""
     from . import api
     from .torch import _bridge
     x = torch.ones(1, 1, 4, 4)
@@ -77,12 +80,12 @@ def custom_op_overhead_us(torch, repeats: int = 200, blocks: int = 10) -> dict:
     try:
         fns = {"op": lambda: op(x, x, g, 0, 0, False, [True, True]),
                "pythonic": lambda: api.grid_sampler_2d_backward(xn, xn, gn, device="local-sync")}
-        best = {k: min(alternating_medians({k: f}, repeats, blocks=1, warmup=20)[k] for _ in range(blocks))
-                for k, f in fns.items()}
+        pairs = [alternating_medians(fns, repeats, blocks=1, warmup=20) for _ in range(blocks)]
     finally:
         _bridge.set_cpu_device(before)
-    return {"custom_op_us": 1e6 * best["op"], "pythonic_us": 1e6 * best["pythonic"],
-            "overhead_us": 1e6 * (best["op"] - best["pythonic"])}
+    return {"custom_op_us": 1e6 * min(p["op"] for p in pairs),
+            "pythonic_us": 1e6 * min(p["pythonic"] for p in pairs),
+            "overhead_us": 1e6 * float(np.median([p["op"] - p["pythonic"] for p in pairs]))}
 
 
 def run_torch_bench(quick=False, threads=2, repeats=10, out=print) -> dict:
