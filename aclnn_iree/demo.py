@@ -347,12 +347,11 @@ def _save_gray(path, img, lo=0.0, hi=1.0, scale: int = 1, title: str = ""):
 
 def _save_curves(path, reg, low, crop):
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure  # standalone: no pyplot state in the caller's process
     except ImportError:
         return None
-    fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    ax = fig.subplots(1, 2)
     ax[0].semilogy(reg["loss"], lw=1)
     for s in reg["levels"][1:]:
         ax[0].axvline(s, color="gray", ls=":", lw=0.8)
@@ -367,7 +366,6 @@ def _save_curves(path, reg, low, crop):
     ax[1].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 

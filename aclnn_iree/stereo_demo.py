@@ -80,14 +80,15 @@ def summary_table(results: dict) -> str:
 
 
 def _figure(path, left, truth, run, results):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    # A standalone Figure, not pyplot: no global backend switch or figure registry in a
+    # caller's process (a notebook keeps its backend), and no pyplot import.
+    from matplotlib.figure import Figure
     est = run["disparity"]
     m = results["runs"]["ours" if "ours" in results["runs"] else "torch"]["metrics"]["all"]
     finite = np.isfinite(truth)
     vmax = float(np.nanmax(np.where(finite, truth, np.nan)))
-    fig, ax = plt.subplots(2, 3, figsize=(17, 9.5), constrained_layout=True)
+    fig = Figure(figsize=(17, 9.5), layout="constrained")
+    ax = fig.subplots(2, 3)
     ax[0, 0].imshow(left)
     ax[0, 0].set_title("left view (Middlebury 2014 Motorcycle, 741 x 500)")
     im = ax[0, 1].imshow(np.where(finite, truth, np.nan), cmap="turbo", vmin=0, vmax=vmax)
@@ -116,7 +117,6 @@ def _figure(path, left, truth, run, results):
         a.set_yticks([])
     fig.suptitle("Dense stereo by gradient descent: grid_sample and interpolate backward from aclnn-iree kernels")
     fig.savefig(path, dpi=80)
-    plt.close(fig)
 
 
 def run_stereo_demo(out_dir="demo_output", quick: bool = False, backward: str = "ours", device: str = "local-task",

@@ -169,3 +169,26 @@ def test_openmp_spin_is_limited_only_where_nobody_chose():
 def test_demo_records_the_openmp_setting(quick_job):
     _, results, _ = quick_job
     assert set(results["openmp"]) >= {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"}
+
+
+def test_figure_leaves_pyplot_and_the_backend_alone(tmp_path, monkeypatch):
+    """The figure is a standalone matplotlib Figure: drawing it neither needs pyplot nor
+    switches the caller's backend (a notebook calling run_stereo_demo keeps its own)."""
+    matplotlib = pytest.importorskip("matplotlib")
+    pytest.importorskip("PIL")
+    from aclnn_iree.stereo_demo import _figure
+
+    def refuse(*_a, **_k):
+        raise AssertionError("the figure switched matplotlib's backend")
+    monkeypatch.setattr(matplotlib, "use", refuse)
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib.pyplot", None)  # importing it raises
+    truth = np.full((6, 8), 3.0)
+    truth[0, 0] = INF
+    run = {"disparity": np.full((6, 8), 2.5, np.float32), "rejected": np.zeros((6, 8), bool),
+           "losses": [1.0, 0.5, 0.25], "level_starts": [0, 2], "level_fractions": [4, 2]}
+    metrics = {"all": {"epe": 0.5, "bad4_percent": 0.0}}
+    _figure(tmp_path / "f.png", np.zeros((6, 8, 3), np.uint8), truth, run,
+            {"runs": {"ours": {"metrics": metrics, "losses": run["losses"]}}})
+    from PIL import Image
+    with Image.open(tmp_path / "f.png") as im:
+        assert im.size[0] > 1000
