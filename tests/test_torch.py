@@ -105,6 +105,46 @@ def test_gradcheck_grid_sample(mode, pad, ac):
     assert torch.autograd.gradcheck(fn, (x, grid), eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
+# ----------------------------------------------------------------------------- double backward
+def _second_order(fn, inputs, seed):
+    """Gradients of a nonlinear function of the first-order gradients (a gradient penalty):
+    create_graph=True differentiates the backward ops themselves.  The loss is quadratic in
+    the output, so that the first-order gradients depend on the inputs through grad_output
+    too (the upsample's backward is linear in grad_output alone).  Unused inputs: zeros."""
+    first = torch.autograd.grad((fn(*inputs) ** 2 * seed).sum(), inputs, create_graph=True)
+    penalty = sum((g * g).sum() + g.sum() for g in first)
+    grads = torch.autograd.grad(penalty, inputs, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, inputs)]
+
+
+@pytest.mark.parametrize("mode,pad", list(itertools.product(MODES, PADS)))
+def test_double_backward_of_grid_sample_is_pytorchs(mode, pad):
+    """Second-order gradients through our backward equal PyTorch's own double backward (they
+    were silently zero when the backward ops had no formula), and pass gradgradcheck."""
+    g = torch.Generator().manual_seed(hash((mode, pad)) % 2**31)
+    x = torch.randn(1, 2, 5, 4, dtype=torch.float64, generator=g, requires_grad=True)
+    grid = (torch.rand(1, 3, 3, 2, dtype=torch.float64, generator=g) * 2.6 - 1.3).requires_grad_(True)
+    seed = torch.randn(1, 2, 3, 3, dtype=torch.float64, generator=g)
+    ours = lambda a, b: AT.grid_sample(a, b, mode=mode, padding_mode=pad)  # noqa: E731
+    theirs = lambda a, b: F.grid_sample(a, b, mode=mode, padding_mode=pad, align_corners=False)  # noqa: E731
+    got, want = _second_order(ours, (x, grid), seed), _second_order(theirs, (x, grid), seed)
+    for a, b, name in zip(got, want, ("input", "grid")):
+        assert b.abs().max() > 0 or (mode, name) == ("nearest", "grid")  # nearest: piecewise constant in grid
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * max(1.0, b.abs().max().item()))
+    assert torch.autograd.gradgradcheck(ours, (x, grid), eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("how", [{"size": (7, 3)}, {"scale_factor": 1.7, "align_corners": True}], ids=["size", "scale"])
+def test_double_backward_of_interpolate_is_pytorchs(how):
+    x = torch.randn(2, 2, 5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    seed = torch.randn(F.interpolate(x, mode="bilinear", **how).shape, dtype=torch.float64)
+    got = _second_order(lambda a: AT.interpolate(a, **how), (x,), seed)[0]
+    want = _second_order(lambda a: F.interpolate(a, mode="bilinear", **how), (x,), seed)[0]
+    assert want.abs().max() > 0
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12 * want.abs().max().item())
+    assert torch.autograd.gradgradcheck(lambda a: AT.interpolate(a, **how), (x,), eps=1e-6, atol=1e-8, rtol=1e-7)
+
+
 @pytest.mark.parametrize("how", [{"size": (7, 3)}, {"size": 9}, {"scale_factor": 1.7}, {"scale_factor": (0.6, 2.5)},
                                  {"scale_factor": 1.7, "recompute_scale_factor": True}],
                          ids=["size", "size-int", "scale", "scales", "recompute"])

@@ -11,7 +11,8 @@
   not computed: ``ctx.needs_input_grad`` becomes the output mask).
 
 Each op has a fake (meta) implementation, so torch.compile, torch.export and FakeTensor
-tracing see through them.  The backward ops return a 0-element tensor for an output whose
+tracing see through them, and an autograd formula: the backward ops too, so that a double
+backward (create_graph=True) is right (README "PyTorch").  The backward ops return a 0-element tensor for an output whose
 output_mask entry is False (a custom op cannot return an undefined tensor; aten's
 grid_sampler_2d_backward returns an undefined grad_input there and always computes
 grad_grid).  Devices: see aclnn_iree.torch._bridge.  Semantics: README "Semantics".
@@ -118,6 +119,51 @@ def _(grad_output, output_size, input_size, align_corners, scales_h=None, scales
     return grad_output.new_empty(tuple(input_size)).contiguous(memory_format=_upsample_format(grad_output))
 
 
+# ----------------------------------------------------------------------------- double backward
+# A gradient of a gradient (create_graph=True: gradient penalties, Hessian-vector products)
+# differentiates the backward ops themselves.  Without these formulas autograd's fallback
+# would treat them as constants: silently zero second-order gradients.
+def _grid_bw_setup(ctx, inputs, output):
+    grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask = inputs
+    ctx.save_for_backward(grad_output, input, grid)
+    ctx.args = (interpolation_mode, padding_mode, align_corners, [bool(m) for m in output_mask])
+
+
+def _grid_bw_backward(ctx, grad_grad_input, grad_grad_grid):
+    """PyTorch's derivative of aten::grid_sampler_2d_backward, through a recomputation of the
+    first backward by PyTorch's kernel (the same semantics as ours): exact, not our kernels."""
+    mode, padding, align_corners, mask = ctx.args
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(bool(need)) for t, need in zip(ctx.saved_tensors, ctx.needs_input_grad)]
+        dx, dg = torch.ops.aten.grid_sampler_2d_backward(*leaves, mode, padding, align_corners, mask)
+    pairs = [(out, g) for out, g, m in ((dx, grad_grad_input, mask[0]), (dg, grad_grad_grid, mask[1]))
+             if m and g is not None and out is not None and out.requires_grad]
+    wrt = [t for t in leaves if t.requires_grad]
+    grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True,
+                                     create_graph=torch.is_grad_enabled()) if pairs and wrt else ())
+    return (*(next(grads, None) if t.requires_grad else None for t in leaves), None, None, None, None)
+
+
+torch.library.register_autograd("aclnn_iree::grid_sampler_2d_backward", _grid_bw_backward,
+                                setup_context=_grid_bw_setup)
+
+
+def _up_bw_setup(ctx, inputs, output):
+    grad_output, output_size, input_size, align_corners, scales_h, scales_w = inputs
+    ctx.args = (list(output_size), align_corners, scales_h, scales_w)
+
+
+def _up_bw_backward(ctx, grad):
+    """The backward is linear in grad_output; its adjoint is the forward (as aten's formula)."""
+    output_size, align_corners, scales_h, scales_w = ctx.args
+    return (torch.ops.aclnn_iree.upsample_bilinear2d(grad, output_size, align_corners, scales_h, scales_w),
+            None, None, None, None, None)
+
+
+torch.library.register_autograd("aclnn_iree::upsample_bilinear2d_backward", _up_bw_backward,
+                                setup_context=_up_bw_setup)
+
+
 # ----------------------------------------------------------------------------- forward ops
 @_impl("grid_sampler_2d")
 def grid_sampler_2d(input: Tensor, grid: Tensor, interpolation_mode: int, padding_mode: int,
@@ -135,10 +181,22 @@ def _grid_setup(ctx, inputs, output):
     ctx.args = (interpolation_mode, padding_mode, align_corners)
 
 
+def _backward_op(op, *args):
+    """Calls a backward op from an autograd formula.  In a first-order backward (grad mode off)
+    below the Autograd key: its autograd wrapper would only pass the call on, for ~30-70 us
+    of Python here (tiny grid_sample step 525 -> 455 us).  Under create_graph=True through
+    it, so that the double backward formula is recorded; also while dynamo traces (it cannot
+    trace the guard, and its graph is differentiated by AOTAutograd, not by this call)."""
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return op(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
 def _grid_backward(ctx, grad):
     input, grid = ctx.saved_tensors
     mask = [bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])]
-    dx, dg = torch.ops.aclnn_iree.grid_sampler_2d_backward(grad, input, grid, *ctx.args, mask)
+    dx, dg = _backward_op(torch.ops.aclnn_iree.grid_sampler_2d_backward, grad, input, grid, *ctx.args, mask)
     return (dx if mask[0] else None), (dg if mask[1] else None), None, None, None
 
 
@@ -162,8 +220,8 @@ def _up_setup(ctx, inputs, output):
 
 def _up_backward(ctx, grad):
     output_size, input_size, align_corners, scales_h, scales_w = ctx.args
-    dx = torch.ops.aclnn_iree.upsample_bilinear2d_backward(grad, output_size, input_size, align_corners,
-                                                           scales_h, scales_w)
+    dx = _backward_op(torch.ops.aclnn_iree.upsample_bilinear2d_backward, grad, output_size, input_size,
+                      align_corners, scales_h, scales_w)
     return dx, None, None, None, None
 
 
