@@ -387,6 +387,36 @@ def test_enabled_makes_unmodified_models_use_our_kernels_and_restores_pytorch():
     assert [_bits(t) for t in _unmodified_backward(x, grid, z)] == pytorch_bits
 
 
+def test_enabled_blocks_in_two_threads_count_as_one():
+    """A enters, B enters, A leaves: B, still inside its block, keeps our kernels (the
+    registry is process-wide); the state before the first block comes back after the last."""
+    import threading
+    a_in, b_in, a_out, b_checked = (threading.Event() for _ in range(4))
+    seen = {}
+
+    def thread_a():
+        with AT.enabled():
+            a_in.set()
+            b_in.wait(60)
+        a_out.set()
+
+    def thread_b():
+        a_in.wait(60)
+        with AT.enabled():
+            b_in.set()
+            a_out.wait(60)
+            seen["b_inside_after_a_left"] = AT.is_enabled()
+        b_checked.set()
+
+    threads = [threading.Thread(target=f) for f in (thread_a, thread_b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert b_checked.is_set() and seen == {"b_inside_after_a_left": True}
+    assert not AT.is_enabled()
+
+
 def test_enabled_keeps_pytorch_for_what_we_do_not_handle():
     """Integer grids never reach a backward; an upsample scale that disagrees with the sizes
     (PyTorch defines it, aclnn refuses it) goes to PyTorch's kernel."""

@@ -28,6 +28,8 @@ _GRID = "aten::grid_sampler_2d_backward"
 _UPSAMPLE = "aten::upsample_bilinear2d_backward"
 _lock = threading.RLock()
 _library = None
+_open_blocks = 0  # enabled() blocks open now, in any thread
+_before_blocks = False  # whether enable() was in effect before the first of them
 _originals: dict = {}
 
 
@@ -98,12 +100,21 @@ def is_enabled() -> bool:
 @contextlib.contextmanager
 def enabled():
     """Within the block our kernels are PyTorch's CPU kernels of both ops; on exit (an
-    exception included) the state before the block comes back, so blocks nest."""
+    exception included) the state before the block comes back, so blocks nest.
+
+    Process-wide, as PyTorch's kernel registry is: while any thread is inside a block,
+    every thread's calls run our kernels, and blocks open in several threads at once count
+    as one, whose end (the last to close) restores the state before the first."""
+    global _open_blocks, _before_blocks
     with _lock:
-        was = is_enabled()
+        if _open_blocks == 0:
+            _before_blocks = is_enabled()
+        _open_blocks += 1
         enable()
     try:
         yield
     finally:
-        if not was:
-            disable()
+        with _lock:
+            _open_blocks -= 1
+            if _open_blocks == 0 and not _before_blocks:
+                disable()
