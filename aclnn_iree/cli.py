@@ -144,12 +144,14 @@ def _cmd_list(args) -> int:
     d = os.path.abspath(args.dir or _default_dir())
     specs = _specs(args.op, args.dtype, args.kernel)
     targets = _targets(args.target or list(TARGETS), args.target_cpu, args.gpu_arch)
+    if os.path.exists(d) and not os.path.isdir(d):
+        raise CliError(f"{d} is not a directory")
     store = ArtifactStore(d)
     if not os.path.isfile(os.path.join(d, "manifest.json")):
         from .runtime.store import cache_dir
         print(f"nothing is built yet in {d}: run `aclnn-iree build` to compile every kernel for this CPU "
-              f"(about 35 s on 2 cores; --target vulkan-spirv / cuda for GPUs).  Until then kernels compile on "
-              f"first use into the cache {cache_dir()}.")
+              f"(a few minutes on 2 cores, README 'Quick start'; --target vulkan-spirv / cuda for GPUs).  Until "
+              f"then kernels compile on first use into the cache {cache_dir()}.")
         return 0
     try:
         manifest = store.manifest()["artifacts"]
@@ -191,7 +193,11 @@ def _cmd_demo(args) -> int:
         from .demo import run_demo
         run_demo(out, quick=args.quick, device=args.device)
         return 0
-    from .stereo_demo import OPENMP_SPINCOUNT, limit_openmp_spin, run_stereo_demo
+    from .stereo_demo import OPENMP_SPINCOUNT, OUTPUT_FILES, limit_openmp_spin, run_stereo_demo
+    for name in OUTPUT_FILES:  # before the imports and the job, not at the end
+        if os.path.isdir(os.path.join(out, name)):
+            raise CliError(f"{os.path.join(out, name)} is a directory: the demo writes a file there; choose another "
+                           "directory with --out")
     openmp = limit_openmp_spin()  # before torch loads libgomp
     if openmp["set_by_demo"]:
         print(f"GOMP_SPINCOUNT={OPENMP_SPINCOUNT}: PyTorch's OpenMP workers stop spinning sooner, leaving the cores "

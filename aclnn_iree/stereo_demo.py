@@ -27,6 +27,7 @@ from . import stereo as S
 
 __all__ = ["run_stereo_demo", "ERROR_CLIP", "summary_table", "limit_openmp_spin", "OPENMP_SPINCOUNT"]
 
+OUTPUT_FILES = ("stereo.png", "disparity_full.npy", "results.json")
 ERROR_CLIP = 10.0  # pixels: the error map's colour scale ends here
 
 # PyTorch's OpenMP workers (libgomp) spin about 11 ms after each parallel region before they
@@ -139,6 +140,9 @@ def run_stereo_demo(out_dir="demo_output", quick: bool = False, backward: str = 
     os.makedirs(out_dir, exist_ok=True)
     if not os.access(out_dir, os.W_OK):
         raise PermissionError(f"cannot write into {out_dir}")
+    for name in OUTPUT_FILES:  # found before the job, not after it
+        if os.path.isdir(os.path.join(out_dir, name)):
+            raise IsADirectoryError(f"{os.path.join(out_dir, name)} is a directory: the demo writes a file there")
     AT.set_cpu_device(device)
     left, right, truth = S.load_pair()
     nonocc = S.nonoccluded_mask(truth)

@@ -140,6 +140,16 @@ def test_list_before_any_build_says_how_to_build(tmp_path):
     assert p.returncode == 0 and "Traceback" not in p.stderr
     assert "nothing is built yet" in p.stdout and "aclnn-iree build" in p.stdout
     assert "does not exist" not in p.stdout
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert_one_error_line(cli("list", "--dir", str(a_file)), "is not a directory", str(a_file))
+
+
+def test_demo_refuses_an_output_file_that_is_a_directory_before_the_job(tmp_path):
+    (tmp_path / "results.json").mkdir()
+    t = time.perf_counter()
+    assert_one_error_line(cli("demo", "--quick", "--out", str(tmp_path)), "is a directory", "results.json")
+    assert time.perf_counter() - t < 10 and not (tmp_path / "stereo.png").exists()  # before the imports and job
 
 
 def test_version_and_every_subcommand_describes_itself():
