@@ -320,6 +320,29 @@ def test_bad_arguments_are_clear_errors():
     assert ei.value.status == 161002 and "grad_output" in str(ei.value)
 
 
+def test_argument_types_are_refused_as_pytorch_refuses_them():
+    """The functions take what F.grid_sample / F.interpolate take, and raise their error type
+    (with PyTorch's words for the overflow) for what they refuse."""
+    x, g = torch.randn(1, 1, 4, 4), torch.zeros(1, 2, 2, 2)
+    for bad in ("yes", 1, np.bool_(True)):
+        for f in (lambda: AT.grid_sample(x, g, align_corners=bad), lambda: F.grid_sample(x, g, align_corners=bad),
+                  lambda: AT.interpolate(x, scale_factor=2, align_corners=bad),
+                  lambda: F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=bad)):
+            with pytest.raises(TypeError):
+                f()
+    for bad in (torch.tensor(2.0), "2", (2.0, "2")):
+        for f in (AT.interpolate, lambda a, **k: F.interpolate(a, mode="bilinear", **k)):
+            with pytest.raises(TypeError):
+                f(x, scale_factor=bad)
+    for bad in (float("nan"), float("inf"), 1e30):
+        for f in (AT.interpolate, lambda a, **k: F.interpolate(a, mode="bilinear", **k)):
+            with pytest.raises(RuntimeError, match="int64_t without overflow"):
+                f(x, scale_factor=bad)
+    for ok in (np.float32(2.0), 2, (2, 1.5)):  # what F.interpolate takes, with its output shape
+        assert AT.interpolate(x, scale_factor=ok).shape == F.interpolate(x, scale_factor=ok, mode="bilinear").shape
+    assert AT.grid_sample(x, g, align_corners=None).shape == (1, 1, 2, 2)
+
+
 def test_importing_aclnn_iree_needs_no_torch():
     code = """
         import sys

@@ -6,6 +6,8 @@ so the gradients match autograd's (README "PyTorch").
 """
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.nn.functional as F
 
@@ -58,9 +60,24 @@ def grid_sample(input, grid, mode: str = "bilinear", padding_mode: str = "zeros"
                          f"'reflection', but got: '{padding_mode}'")
     if align_corners is None:
         align_corners = False
+    _check_bool("grid_sample", align_corners)
     if input.dim() != 4:
         return F.grid_sample(input, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
     return _GridSampler2d.apply(input, grid, _MODES[mode], _PADDINGS[padding_mode], bool(align_corners))
+
+
+def _check_bool(fn: str, align_corners):
+    """align_corners must be a bool, as PyTorch's bindings insist (TypeError, not a truthiness)."""
+    if not isinstance(align_corners, bool):
+        raise TypeError(f"{fn}(): argument 'align_corners' must be bool, not {type(align_corners).__name__}")
+
+
+def _scale(s) -> float:
+    """One scale factor as F.interpolate takes it: a real number (not a tensor or a string)."""
+    if isinstance(s, torch.Tensor) or not isinstance(s, numbers.Real):
+        raise TypeError(f"interpolate(): expected scale_factor to be a float or a tuple of floats, got "
+                        f"{type(s).__name__}")
+    return float(s)
 
 
 def _is_integer(x) -> bool:
@@ -90,6 +107,7 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "bilinear", ali
         raise NotImplementedError(f"Got {input.dim()}D input, but bilinear mode needs 4D input")
     if align_corners is None:
         align_corners = False
+    _check_bool("interpolate", align_corners)
     dim = 2
     if size is not None and scale_factor is not None:
         raise ValueError("only one of size or scale_factor should be defined")
@@ -117,16 +135,19 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "bilinear", ali
                     f"scale_factor of shape {scale_factor}. "
                     "Please provide input tensor in (N, C, d1, d2, ...,dK) format and "
                     "scale_factor in (s1, s2, ...,sK) format.")
-            scale_factors = [float(s) for s in scale_factor]
+            scale_factors = [_scale(s) for s in scale_factor]
         else:
-            scale_factors = [float(scale_factor)] * dim
+            scale_factors = [_scale(scale_factor)] * dim
         output_size = None
     else:
         raise ValueError("either size or scale_factor should be defined")
     if recompute_scale_factor and size is not None:
         raise ValueError("recompute_scale_factor is not meaningful with an explicit size.")
     if output_size is None:  # as F.interpolate and ATen's upsample_compute_output_size: truncate in double
-        output_size = [torch.sym_int(input.size(i + 2) * scale_factors[i]) for i in range(dim)]
+        sizes = [input.size(i + 2) * scale_factors[i] for i in range(dim)]
+        if any(isinstance(v, float) and not abs(v) < 2.0 ** 63 for v in sizes):  # NaN, inf, beyond int64
+            raise RuntimeError("value cannot be converted to type int64_t without overflow")
+        output_size = [torch.sym_int(v) for v in sizes]
         if recompute_scale_factor:
             scale_factors = None
     scales_h, scales_w = scale_factors if scale_factors is not None else (None, None)
