@@ -125,6 +125,16 @@ class ArtifactStore:
         return filelock.FileLock(os.path.join(self.root, MANIFEST + ".lock"), thread_local=False,
                                  mode=0o666)
 
+    def compile_lock(self, spec, target) -> filelock.FileLock:
+        """The inter-process lock of one artifact's compile (`<kernel>.vmfb.lock` beside it):
+        a process that finds the module missing compiles it under this lock, and one that
+        waited on it looks again first, so two processes (DDP ranks on first use, two builds)
+        compile each module once, not once each.  Separate objects block each other in one
+        process too (each holds its own descriptor)."""
+        path = self.paths(spec, target)["vmfb"] + ".lock"
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        return filelock.FileLock(path, thread_local=False, mode=0o666)
+
     def _update_manifest(self, entries: dict):
         """Adds `entries` to the manifest: under the store's lock, re-reading it first, so that
         concurrent writers (threads or processes) never drop each other's entries."""
@@ -249,7 +259,10 @@ class ArtifactStore:
         """A valid artifact's bytes, compiling it first when missing, stale or corrupt."""
         data = self.lookup(spec, target)
         if data is None:
-            data, _ = self.build_one(spec, target)
+            with self.compile_lock(spec, target):
+                data = self.lookup(spec, target)  # another process may have built it meanwhile
+                if data is None:
+                    data, _ = self.build_one(spec, target)
         return data
 
     def build(self, specs, targets, jobs: int | None = None, progress: bool = True) -> BuildResult:
@@ -274,10 +287,13 @@ class ArtifactStore:
             require_compiler()  # say it once, not once per module
 
         def work(item):
-            """(failure or None, manifest entry or None) of one compile."""
+            """(failure or None, manifest entry or None: another process built it meanwhile)."""
             s, t = item
             try:
-                return None, self.build_one(s, t)[1]
+                with self.compile_lock(s, t):
+                    if self.lookup(s, t) is not None:
+                        return None, None
+                    return None, self.build_one(s, t)[1]
             except CompileError as e:
                 return (s.kernel_name, t.name, f"command: {shlex.join(e.command)}\n{e.stderr.strip()}"), None
             except Exception as e:  # a template that does not render, ptxas rejecting PTX: report, go on
@@ -291,6 +307,11 @@ class ArtifactStore:
             for failure, entry in ex.map(work, todo):
                 if failure:
                     res.failed.append(failure)
+                    continue
+                if entry is None:
+                    res.reused += 1
+                    if bar:
+                        bar.update(1)
                     continue
                 res.compiled += 1
                 ptxas = entry.get("ptxas") or {}

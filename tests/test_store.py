@@ -158,6 +158,28 @@ def test_two_processes_and_their_threads_keep_every_manifest_entry(tmp_path):
                              st.paths(s, TARGET)["vmfb"])
 
 
+_BUILD_COUNTS = _HIDE + """
+    import sys
+    from aclnn_iree.compiler import GridSamplerSpec, get_target
+    from aclnn_iree.compiler.build import ArtifactStore
+    res = ArtifactStore({root!r}).build({specs}, [get_target("llvm-cpu")], jobs=2, progress=False)
+    assert not res.failed, res
+    print(res.compiled, res.reused)
+"""
+
+
+def test_two_processes_building_the_same_modules_compile_each_once(tmp_path):
+    """Two builds of the same modules into one store at once (a probe: both compiled all of
+    them, twice the work): each module is compiled by one process, under its compile lock,
+    and the other reuses it."""
+    specs = SIX_A[:4]
+    code = _BUILD_COUNTS.format(root=str(tmp_path / "store"), specs=repr(specs))
+    counts = [tuple(map(int, out.split())) for out in _wait_all([_child(code, {}) for _ in range(2)])]
+    assert sum(c for c, _ in counts) == len(specs) and sum(r for _, r in counts) == len(specs), counts
+    st = ArtifactStore(tmp_path / "store")
+    assert all(st.status(s, TARGET) == "ok" for s in specs)
+
+
 # ----------------------------------------------------------------------------- damage
 @pytest.mark.parametrize("bad", [[], "oops", 3, None], ids=["list", "string", "int", "null"])
 def test_malformed_manifest_entry_is_corrupt_and_rebuilt(isolated, bad):
