@@ -193,11 +193,8 @@ def _cmd_demo(args) -> int:
         from .demo import run_demo
         run_demo(out, quick=args.quick, device=args.device)
         return 0
-    from .stereo_demo import OPENMP_SPINCOUNT, OUTPUT_FILES, limit_openmp_spin, run_stereo_demo
-    for name in OUTPUT_FILES:  # before the imports and the job, not at the end
-        if os.path.isdir(os.path.join(out, name)):
-            raise CliError(f"{os.path.join(out, name)} is a directory: the demo writes a file there; choose another "
-                           "directory with --out")
+    from .stereo_demo import OPENMP_SPINCOUNT, check_output_files, limit_openmp_spin, run_stereo_demo
+    check_output_files(out)  # before torch is imported and the job runs, not at the end
     openmp = limit_openmp_spin()  # before torch loads libgomp
     if openmp["set_by_demo"]:
         print(f"GOMP_SPINCOUNT={OPENMP_SPINCOUNT}: PyTorch's OpenMP workers stop spinning sooner, leaving the cores "

@@ -25,7 +25,8 @@ import numpy as np
 
 from . import stereo as S
 
-__all__ = ["run_stereo_demo", "ERROR_CLIP", "summary_table", "limit_openmp_spin", "OPENMP_SPINCOUNT"]
+__all__ = ["run_stereo_demo", "check_output_files", "OUTPUT_FILES", "ERROR_CLIP", "summary_table",
+           "limit_openmp_spin", "OPENMP_SPINCOUNT"]
 
 OUTPUT_FILES = ("stereo.png", "disparity_full.npy", "results.json")
 ERROR_CLIP = 10.0  # pixels: the error map's colour scale ends here
@@ -51,6 +52,14 @@ def limit_openmp_spin(environ=os.environ, loaded=None) -> dict:
         environ["GOMP_SPINCOUNT"] = OPENMP_SPINCOUNT
     return {"GOMP_SPINCOUNT": environ.get("GOMP_SPINCOUNT"), "OMP_WAIT_POLICY": environ.get("OMP_WAIT_POLICY"),
             "set_by_demo": set_here}
+
+
+def check_output_files(out_dir):
+    """Raises IsADirectoryError where one of OUTPUT_FILES in `out_dir` is a directory: found
+    before the job (and, at the CLI, before PyTorch is imported), not when writing it."""
+    for name in OUTPUT_FILES:
+        if os.path.isdir(os.path.join(out_dir, name)):
+            raise IsADirectoryError(f"{os.path.join(out_dir, name)} is a directory: the demo writes a file there")
 
 
 def _metrics(estimate, truth, nonocc) -> dict:
@@ -140,9 +149,7 @@ def run_stereo_demo(out_dir="demo_output", quick: bool = False, backward: str = 
     os.makedirs(out_dir, exist_ok=True)
     if not os.access(out_dir, os.W_OK):
         raise PermissionError(f"cannot write into {out_dir}")
-    for name in OUTPUT_FILES:  # found before the job, not after it
-        if os.path.isdir(os.path.join(out_dir, name)):
-            raise IsADirectoryError(f"{os.path.join(out_dir, name)} is a directory: the demo writes a file there")
+    check_output_files(out_dir)
     AT.set_cpu_device(device)
     left, right, truth = S.load_pair()
     nonocc = S.nonoccluded_mask(truth)

@@ -63,7 +63,7 @@ def grid_sample(input, grid, mode: str = "bilinear", padding_mode: str = "zeros"
     _check_bool("grid_sample", align_corners)
     if input.dim() != 4:
         return F.grid_sample(input, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
-    return _GridSampler2d.apply(input, grid, _MODES[mode], _PADDINGS[padding_mode], bool(align_corners))
+    return _GridSampler2d.apply(input, grid, _MODES[mode], _PADDINGS[padding_mode], align_corners)
 
 
 def _check_bool(fn: str, align_corners):
@@ -151,4 +151,4 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "bilinear", ali
         if recompute_scale_factor:
             scale_factors = None
     scales_h, scales_w = scale_factors if scale_factors is not None else (None, None)
-    return _UpsampleBilinear2d.apply(input, output_size, bool(align_corners), scales_h, scales_w)
+    return _UpsampleBilinear2d.apply(input, output_size, align_corners, scales_h, scales_w)
