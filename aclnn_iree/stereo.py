@@ -208,6 +208,36 @@ def _robust_data_term(torch):
     return RobustDataTerm
 
 
+class _Adam:
+    """torch.optim.Adam with its defaults (betas 0.9 / 0.999, eps 1e-8, no weight decay), as
+    PyTorch's functional form ``torch.optim.adam.adam`` over state held here, with the
+    learning rate given per step.  The same arithmetic and bits as the Optimizer class, but
+    the class's ``step`` imports torch._dynamo on first use (1.9 s on a 2-core machine: a
+    fifth of the ``--quick`` demo), and the functional form does not."""
+
+    def __init__(self, torch, params):
+        self.torch, self.params = torch, list(params)
+        self.exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
+        self.exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
+        self.steps = [torch.tensor(0.0) for _ in self.params]  # Adam's CPU step counters
+
+    def zero_grad(self):
+        for p in self.params:
+            p.grad = None
+
+    def step(self, lr: float):
+        from torch.optim.adam import adam
+        with self.torch.no_grad():
+            adam(self.params, [p.grad for p in self.params], self.exp_avgs, self.exp_avg_sqs, [], self.steps,
+                 foreach=False, amsgrad=False, beta1=0.9, beta2=0.999, lr=lr, weight_decay=0.0, eps=1e-8,
+                 maximize=False)
+
+
+def _linear_decay(lr: float, lr_end: float, i: int, n: int) -> float:
+    """The learning rate of step i of n: from lr down to lr * lr_end, linearly."""
+    return lr * (1.0 - (1.0 - lr_end) * i / max(1, n - 1))
+
+
 def _charbonnier(torch, x, eps=0.01):
     return torch.sqrt(x * x + eps * eps)
 
@@ -224,13 +254,11 @@ def _warp(torch, fn, feat, disp):
 
 def warm_up(backends=("ours",)) -> float:
     """Pays a process's one-time costs before the timed jobs, outside their timers, so that
-    neither job pays them for the other: importing torch and what its optimiser imports on
-    first use (torch._dynamo: ~2.5 s on a 2-core machine), and, per backend ("ours",
+    neither job pays them for the other: importing torch and, per backend ("ours",
     "torch"), a tiny forward and backward of both operators (our modules load on first
     use).  Returns the seconds it took."""
     t = time.perf_counter()
     import torch
-    torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=0.1)
     for backward in backends:
         fn = _Functions(backward)
         coarse = torch.zeros(2, 1, 2, 3, requires_grad=True)
@@ -297,16 +325,15 @@ def estimate_disparity(left, right, cfg: StereoConfig = StereoConfig(), backward
         ey = torch.exp(-cfg.edge * (rgb[..., 1:, :] - rgb[..., :-1, :]).abs().mean(1, keepdim=True))
         xs = torch.arange(w, dtype=torch.float32).view(1, 1, 1, w)
         active = [g for g, f in zip(grids, cfg.grids) if f >= s]
-        opt = torch.optim.Adam(active, lr=cfg.lr[li])
+        opt = _Adam(torch, active)
         n = cfg.steps[li]
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i, n=n: 1.0 - (1.0 - cfg.lr_end) * i / max(1, n - 1))
         level_starts.append(len(losses))
         level_backward = []
         if progress:
             from tqdm import tqdm
             bar = tqdm(total=n, desc=f"{backward:5s} level 1/{s * s0:<2d} {w}x{h}", unit="step", leave=True)
-        for _ in range(n):
-            opt.zero_grad(set_to_none=True)
+        for i in range(n):
+            opt.zero_grad()
             disp = sum(fn.interpolate(g, size=(h, w), align_corners=False) for g in active) / s
             visible = (xs - disp > 0).float()
             data = (data_term.apply(_warp(torch, fn, fo, disp), fv, weights, 0.01) * visible).mean()
@@ -316,8 +343,7 @@ def estimate_disparity(left, right, cfg: StereoConfig = StereoConfig(), backward
             t = time.perf_counter()
             loss.backward()
             level_backward.append(time.perf_counter() - t)
-            opt.step()
-            sched.step()
+            opt.step(_linear_decay(cfg.lr[li], cfg.lr_end, i, n))
             losses.append(loss.item())
             if bar:
                 bar.update(1)
