@@ -107,8 +107,12 @@ def test_other_forms_give_the_same_bits(what, dtype):
 # both layouts (NCHW: runs of ~56 dy rows, 64-column tiles; NHWC: 6-column tiles), a
 # window taller than the tile (both axes up-sampled hundreds of times: the scalar and
 # per-pixel forms), more channels than the NHWC tile holds, a channel count that is no
-# multiple of the chunk.  (test_devices checks on the GPU, through the workspace, that the
-# template takes the W pass first for each.)
+# multiple of the chunk.  NCHW dx narrower than a vector takes 8 planes per workgroup where
+# their u rows fit the stack row beside the tallest window (W * 8 * K_H elements): 21 planes
+# (a group of 5 at the end), 3 x 7 <- 64 x 1000 (K_H = 44: grouped in float32, not in
+# float64, whose stack row holds half as many), 2 x 15 <- 64 x 1000 (K_H = 64: one plane
+# at a time).  (test_devices checks on the GPU, through the workspace, that the template
+# takes the W pass first for each.)
 W_FIRST_SHAPES = [
     (2, 32, (2000, 1), (1, 2000)),
     (1, 5, (40, 3), (7, 90)),
@@ -116,6 +120,9 @@ W_FIRST_SHAPES = [
     (1, 3, (2, 2), (700, 900)),
     (1, 8200, (3, 2), (3, 5)),
     (2, 19, (50, 3), (2, 70)),
+    (3, 7, (30, 5), (4, 200)),
+    (1, 2, (3, 7), (64, 1000)),
+    (1, 3, (2, 15), (64, 1000)),
 ]
 
 
