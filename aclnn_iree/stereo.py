@@ -40,7 +40,7 @@ import time
 import numpy as np
 
 __all__ = ["StereoConfig", "load_pair", "disparity_metrics", "nonoccluded_mask", "estimate_disparity",
-           "baselines", "lr_consistency_fill"]
+           "estimate_side_by_side", "baselines", "lr_consistency_fill"]
 
 # The bad-pixel threshold (full-resolution pixels), as Middlebury's "bad 4.0".
 BAD_THRESHOLD = 4.0
@@ -277,11 +277,54 @@ def estimate_disparity(left, right, cfg: StereoConfig = StereoConfig(), backward
     (the whole estimate), "backward_ms" (mean milliseconds of loss.backward() per step, per
     level and overall), "init_disparity" (the constant start, full-resolution pixels).
     """
+    return estimate_side_by_side(left, right, cfg, (backward,), progress)[backward]
+
+
+def estimate_side_by_side(left, right, cfg: StereoConfig = StereoConfig(), backends=("ours", "torch"),
+                          progress=True) -> dict:
+    """The estimates of several backends (estimate_disparity's results, keyed by backend),
+    run in lockstep: one Adam step of each job in turn, so that all of them see the same
+    machine (a slow period or a busy neighbour slows every job alike; run one after the
+    other on a 2-core VM, the same job's time moved by 25 %).  Each job's "seconds" counts
+    only its own work; the results are those of each job run alone (the jobs share
+    nothing)."""
+    jobs = {b: _estimate_steps(left, right, cfg, b) for b in backends}
+    seconds, results, bar = dict.fromkeys(backends, 0.0), {}, None
+    label = "+".join(f"{b}" for b in backends)
+    while jobs:
+        for b in list(jobs):
+            t = time.perf_counter()
+            try:
+                event = next(jobs[b])
+            except StopIteration as stop:
+                results[b], event = stop.value, None
+                del jobs[b]
+            seconds[b] += time.perf_counter() - t
+            if not progress or event is None or b != backends[0]:
+                continue
+            if event[0] == "level":  # the lead job's levels pace the bar
+                if bar is not None:
+                    bar.close()
+                from tqdm import tqdm
+                bar = tqdm(total=event[2], desc=f"{label} level {event[1]}", unit="step", leave=True)
+            else:
+                bar.update(1)
+                bar.set_postfix(loss=f"{event[1]:.4f}", refresh=False)
+    if bar is not None:
+        bar.close()
+    for b in backends:
+        results[b]["seconds"] = seconds[b]
+    return results
+
+
+def _estimate_steps(left, right, cfg, backward):
+    """The estimate as a generator: yields ("level", description, steps) as each pyramid
+    level starts and ("step", loss) after each Adam step; returns estimate_disparity's
+    dict, less "seconds"."""
     import torch
     import torch.nn.functional as F
     fn = _Functions(backward)
     data_term = _robust_data_term(torch)
-    t_start = time.perf_counter()
     H0, W0 = left.shape[:2]
 
     def as_input(a):  # gray + RGB in [0, 1], (1, 4, H0, W0)
@@ -313,7 +356,6 @@ def estimate_disparity(left, right, cfg: StereoConfig = StereoConfig(), backward
         start = torch.from_numpy(candidates).float()[costs.argmin(1)]
         grids[0][:, 0] = start.view(2, 1, 1)
     losses, level_starts, backward_s = [], [], []
-    bar = None
     for li, s in enumerate(cfg.levels):
         h, w = max(2, H // s), max(2, W // s)
         vi = resized(views, h, w)
@@ -329,9 +371,7 @@ def estimate_disparity(left, right, cfg: StereoConfig = StereoConfig(), backward
         n = cfg.steps[li]
         level_starts.append(len(losses))
         level_backward = []
-        if progress:
-            from tqdm import tqdm
-            bar = tqdm(total=n, desc=f"{backward:5s} level 1/{s * s0:<2d} {w}x{h}", unit="step", leave=True)
+        yield "level", f"1/{s * s0:<2d} {w}x{h}", n
         for i in range(n):
             opt.zero_grad()
             disp = sum(fn.interpolate(g, size=(h, w), align_corners=False) for g in active) / s
@@ -345,11 +385,7 @@ def estimate_disparity(left, right, cfg: StereoConfig = StereoConfig(), backward
             level_backward.append(time.perf_counter() - t)
             opt.step(_linear_decay(cfg.lr[li], cfg.lr_end, i, n))
             losses.append(loss.item())
-            if bar:
-                bar.update(1)
-                bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
-        if bar:
-            bar.close()
+            yield "step", losses[-1]
         backward_s.append(level_backward)
     with torch.no_grad():
         disp = sum(F.interpolate(g, size=(H, W), mode="bilinear", align_corners=False) for g in grids)
@@ -358,7 +394,7 @@ def estimate_disparity(left, right, cfg: StereoConfig = StereoConfig(), backward
     filled, rejected = lr_consistency_fill(raw, right_disp, cfg.lr_threshold)
     all_bw = [t for lv in backward_s for t in lv]
     return {"disparity": filled, "raw": raw.astype(np.float32), "rejected": rejected, "losses": losses,
-            "level_starts": level_starts, "seconds": time.perf_counter() - t_start,
+            "level_starts": level_starts,
             "backward_ms": {"per_level": [1e3 * float(np.mean(lv)) for lv in backward_s],
                             "mean": 1e3 * float(np.mean(all_bw))},
             "init_disparity": [float(v) * s0 for v in start]}

@@ -162,14 +162,12 @@ def run_stereo_demo(out_dir="demo_output", quick: bool = False, backward: str = 
                "openmp": openmp or {k: os.environ.get(k) for k in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}}
     results["warm_up_seconds"] = S.warm_up(names)
     log(f"warm-up outside the timers (imports, module loading, first calls): {results['warm_up_seconds']:.1f} s")
-    runs = {}
-    for name in names:
-        whose = "our" if name == "ours" else "PyTorch's"
-        log(f"estimating with {whose} backward kernels ({sum(cfg.steps)} Adam steps "
-            f"over {len(cfg.levels)} pyramid levels, two views at once)")
-        run = S.estimate_disparity(left, right, cfg, name, progress=progress)
+    whose = " and ".join("our" if name == "ours" else "PyTorch's" for name in names)
+    log(f"estimating with {whose} backward kernels ({sum(cfg.steps)} Adam steps over {len(cfg.levels)} "
+        "pyramid levels, two views at once" + (", the two jobs a step each in turn)" if len(names) > 1 else ")"))
+    runs = S.estimate_side_by_side(left, right, cfg, names, progress=progress)
+    for name, run in runs.items():
         run["level_fractions"] = [f * cfg.working_scale for f in cfg.levels]
-        runs[name] = run
         results["runs"][name] = {"metrics": _metrics(run["disparity"], truth, nonocc),
                                  "metrics_before_lr_check": _metrics(run["raw"], truth, nonocc),
                                  "seconds": run["seconds"], "backward_ms": run["backward_ms"],

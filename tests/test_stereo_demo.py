@@ -151,6 +151,26 @@ def test_the_job_does_not_import_dynamo():
     assert out.stdout.strip() == "False"
 
 
+def test_jobs_side_by_side_equal_the_jobs_alone():
+    """--backward both runs the two jobs a step each in turn (estimate_side_by_side): each
+    gives the bits it gives alone, and its seconds count its own steps only."""
+    pytest.importorskip("torch")
+    pytest.importorskip("skimage")
+    import dataclasses
+    import time
+    left, right, _ = S.load_pair()
+    cfg = dataclasses.replace(S.StereoConfig.quick(), levels=(8, 4), steps=(3, 2), lr=(0.5, 0.3), grids=(16, 8, 4))
+    t = time.perf_counter()
+    both = S.estimate_side_by_side(left, right, cfg, ("ours", "torch"), progress=False)
+    wall = time.perf_counter() - t
+    for name in ("ours", "torch"):
+        alone = S.estimate_disparity(left, right, cfg, name, progress=False)
+        assert np.array_equal(alone["disparity"], both[name]["disparity"]), name
+        assert alone["losses"] == both[name]["losses"] and len(alone["losses"]) == 5
+    assert 0 < both["ours"]["seconds"] and 0 < both["torch"]["seconds"]
+    assert both["ours"]["seconds"] + both["torch"]["seconds"] <= wall
+
+
 @pytest.fixture(scope="module")
 def quick_job(tmp_path_factory):
     pytest.importorskip("torch")
