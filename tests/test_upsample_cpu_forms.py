@@ -53,7 +53,8 @@ def _tile_columns(dtype, C):
 # a channel count that is no multiple of the chunk, down-sampling, mixed directions, and
 # exact 2x down-sampling (the NCHW W pass fetches whole groups with a load and a shuffle
 # where the windows start two lanes per output; the last group of 56 columns takes the
-# gather).
+# gather), and grad_output narrower than a vector, where NCHW takes 8 planes per workgroup
+# (dx 1 x 2000 <- 2000 x 1: 4000 taps per H sum; 21 planes, a group of 5 at the end).
 SEPARABLE_SHAPES = [
     (2, 64, (6, 150), (11, 300)),
     (1, 300, (5, 40), (9, 80)),
@@ -61,6 +62,8 @@ SEPARABLE_SHAPES = [
     (1, 8, (30, 200), (14, 90)),
     (1, 5, (4, 100), (9, 37)),
     (2, 5, (20, 56), (10, 28)),
+    (2, 32, (1, 2000), (2000, 1)),
+    (3, 7, (5, 30), (200, 4)),
 ]
 
 
