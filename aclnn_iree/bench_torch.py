@@ -61,7 +61,10 @@ def _step(case, torch, F, AT, ours: bool, compiled: bool):
 
 def custom_op_overhead_us(torch, repeats: int = 200, blocks: int = 10) -> dict:
     """Microseconds of the tiny 1x1x4x4 grid-sampler backward through the custom op and through
-    the Pythonic call, and the host cost of the torch layer between them.
+    the Pythonic call, and the host cost of the torch layer between them: for a direct call
+    of the op ("custom_op_us", "overhead_us"), which passes the op's autograd wrapper (its
+    double-backward formula), and as autograd's first-order backward calls it, below that
+    wrapper ("below_autograd_us", "below_autograd_overhead_us"; ops._backward_op).
 
     Both run on the synchronous CPU device (local-sync): on local-task a tiny call's time is
     mostly the wake-up of a worker thread, whose jitter on a shared VM hides a difference
@@ -77,15 +80,23 @@ def custom_op_overhead_us(torch, repeats: int = 200, blocks: int = 10) -> dict:
     xn, gn = x.numpy(), g.numpy()
     before = _bridge.get_cpu_device()
     _bridge.set_cpu_device("local-sync")
+    def below_autograd():
+        with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
+            return op(x, x, g, 0, 0, False, [True, True])
+
     try:
-        fns = {"op": lambda: op(x, x, g, 0, 0, False, [True, True]),
+        fns = {"op": lambda: op(x, x, g, 0, 0, False, [True, True]), "below": below_autograd,
                "pythonic": lambda: api.grid_sampler_2d_backward(xn, xn, gn, device="local-sync")}
         pairs = [alternating_medians(fns, repeats, blocks=1, warmup=20) for _ in range(blocks)]
     finally:
         _bridge.set_cpu_device(before)
+
+    def median_over(key):
+        return 1e6 * float(np.median([p[key] - p["pythonic"] for p in pairs]))
     return {"custom_op_us": 1e6 * min(p["op"] for p in pairs),
+            "below_autograd_us": 1e6 * min(p["below"] for p in pairs),
             "pythonic_us": 1e6 * min(p["pythonic"] for p in pairs),
-            "overhead_us": 1e6 * float(np.median([p["op"] - p["pythonic"] for p in pairs]))}
+            "overhead_us": median_over("op"), "below_autograd_overhead_us": median_over("below")}
 
 
 def run_torch_bench(quick=False, threads=2, repeats=10, out=print) -> dict:
@@ -140,5 +151,7 @@ def run_torch_bench(quick=False, threads=2, repeats=10, out=print) -> dict:
             out(f"  warning: {name.replace('_', ' + ')} failed on this case and is left out of it: {err}")
     overhead = custom_op_overhead_us(torch)
     out(f"custom-op call {overhead['custom_op_us']:.0f} us vs the Pythonic call {overhead['pythonic_us']:.0f} us "
-        f"on 1x1x4x4 (local-sync): {overhead['overhead_us']:.0f} us of torch layer")
+        f"on 1x1x4x4 (local-sync): {overhead['overhead_us']:.0f} us of torch layer; as autograd's backward calls "
+        f"it (below its autograd wrapper) {overhead['below_autograd_us']:.0f} us, "
+        f"{overhead['below_autograd_overhead_us']:.0f} us of torch layer")
     return {"training_steps": rows, "custom_op_overhead": overhead, "threads": threads}

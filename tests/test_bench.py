@@ -85,7 +85,8 @@ def test_torch_bench_leaves_out_a_failing_compiled_row(monkeypatch):
     monkeypatch.setattr(bench_torch, "_step", step)
     monkeypatch.setattr(bench_torch, "CASES", [c for c in bench_torch.CASES if c.name in bench_torch.QUICK][:2])
     monkeypatch.setattr(bench_torch, "custom_op_overhead_us",
-                        lambda torch: {"custom_op_us": 2.0, "pythonic_us": 1.0, "overhead_us": 1.0})
+                        lambda torch: {"custom_op_us": 2.0, "pythonic_us": 1.0, "overhead_us": 1.0,
+                                       "below_autograd_us": 1.5, "below_autograd_overhead_us": 0.5})
     lines = []
     rows = bench_torch.run_torch_bench(quick=True, repeats=1, out=lines.append)["training_steps"]
     assert len(rows) == 2
@@ -93,3 +94,18 @@ def test_torch_bench_leaves_out_a_failing_compiled_row(monkeypatch):
         assert r["failed"] == {"compiled": "RuntimeError: codegen failed"} and r["ratio_compiled"] is None
         assert "compiled_ms" not in r and r["ours_ms"] > 0 and r["ours_compiled_ms"] > 0 and r["ratio_eager"] > 0
     assert sum("compiled failed on this case and is left out of it" in line for line in lines) == 2
+
+
+def test_custom_op_overhead_measures_both_paths():
+    """The torch layer's overhead is measured for a direct call of the op and for the call
+    autograd's first-order backward makes (below the op's autograd wrapper), each beside the
+    Pythonic call on the same data; the Pythonic device setting is restored afterwards."""
+    torch = pytest.importorskip("torch")
+    from aclnn_iree import bench_torch
+    from aclnn_iree.torch import _bridge
+    before = _bridge.get_cpu_device()
+    r = bench_torch.custom_op_overhead_us(torch, repeats=3, blocks=2)
+    assert set(r) == {"custom_op_us", "below_autograd_us", "pythonic_us", "overhead_us",
+                      "below_autograd_overhead_us"}
+    assert min(r["custom_op_us"], r["below_autograd_us"], r["pythonic_us"]) > 0
+    assert _bridge.get_cpu_device() == before
