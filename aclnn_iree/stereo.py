@@ -287,7 +287,11 @@ def estimate_side_by_side(left, right, cfg: StereoConfig = StereoConfig(), backe
     machine (a slow period or a busy neighbour slows every job alike; run one after the
     other on a 2-core VM, the same job's time moved by 25 %).  Each job's "seconds" counts
     only its own work; the results are those of each job run alone (the jobs share
-    nothing)."""
+    nothing).  backends: a backend name or a sequence of them (duplicates run once);
+    raises ValueError for none or an unknown one."""
+    backends = (backends,) if isinstance(backends, str) else tuple(dict.fromkeys(backends))
+    if not backends:
+        raise ValueError("estimate_side_by_side needs at least one backend ('ours', 'torch')")
     jobs = {b: _estimate_steps(left, right, cfg, b) for b in backends}
     seconds, results, bar = dict.fromkeys(backends, 0.0), {}, None
     label = "+".join(f"{b}" for b in backends)

@@ -169,6 +169,12 @@ def test_jobs_side_by_side_equal_the_jobs_alone():
         assert alone["losses"] == both[name]["losses"] and len(alone["losses"]) == 5
     assert 0 < both["ours"]["seconds"] and 0 < both["torch"]["seconds"]
     assert both["ours"]["seconds"] + both["torch"]["seconds"] <= wall
+    with pytest.raises(ValueError, match="at least one backend"):
+        S.estimate_side_by_side(left, right, cfg, (), progress=False)
+    one = S.estimate_side_by_side(left, right, cfg, "torch", progress=False)  # a name, not its letters
+    assert list(one) == ["torch"] and np.array_equal(one["torch"]["disparity"], both["torch"]["disparity"])
+    gen = S.estimate_side_by_side(left, right, cfg, (b for b in ("torch", "torch")), progress=False)
+    assert list(gen) == ["torch"]
 
 
 @pytest.fixture(scope="module")
