@@ -80,6 +80,7 @@ def custom_op_overhead_us(torch, repeats: int = 200, blocks: int = 10) -> dict:
     xn, gn = x.numpy(), g.numpy()
     before = _bridge.get_cpu_device()
     _bridge.set_cpu_device("local-sync")
+
     def below_autograd():
         with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
             return op(x, x, g, 0, 0, False, [True, True])

@@ -216,7 +216,8 @@ class _Adam:
     fifth of the ``--quick`` demo), and the functional form does not."""
 
     def __init__(self, torch, params):
-        self.torch, self.params = torch, list(params)
+        from torch.optim.adam import adam
+        self.torch, self.adam, self.params = torch, adam, list(params)
         self.exp_avgs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
         self.exp_avg_sqs = [torch.zeros_like(p, memory_format=torch.preserve_format) for p in self.params]
         self.steps = [torch.tensor(0.0) for _ in self.params]  # Adam's CPU step counters
@@ -226,9 +227,8 @@ class _Adam:
             p.grad = None
 
     def step(self, lr: float):
-        from torch.optim.adam import adam
         with self.torch.no_grad():
-            adam(self.params, [p.grad for p in self.params], self.exp_avgs, self.exp_avg_sqs, [], self.steps,
+            self.adam(self.params, [p.grad for p in self.params], self.exp_avgs, self.exp_avg_sqs, [], self.steps,
                  foreach=False, amsgrad=False, beta1=0.9, beta2=0.999, lr=lr, weight_decay=0.0, eps=1e-8,
                  maximize=False)
 
@@ -294,7 +294,7 @@ def estimate_side_by_side(left, right, cfg: StereoConfig = StereoConfig(), backe
         raise ValueError("estimate_side_by_side needs at least one backend ('ours', 'torch')")
     jobs = {b: _estimate_steps(left, right, cfg, b) for b in backends}
     seconds, results, bar = dict.fromkeys(backends, 0.0), {}, None
-    label = "+".join(f"{b}" for b in backends)
+    label = "+".join(backends)
     while jobs:
         for b in list(jobs):
             t = time.perf_counter()
