@@ -215,7 +215,10 @@ def _roofline(args) -> int:
     lack = roofline.missing()
     if lack:
         raise CliError(f"--roofline needs {lack}")
-    roofline.run_roofline(args.threads, args.repeats, quick=args.quick)
+    try:
+        roofline.run_roofline(args.threads, args.repeats, quick=args.quick)
+    except RuntimeError as e:  # llvm-mca failed, or has no model of this CPU's instructions
+        raise CliError(str(e)) from None
     return 0
 
 

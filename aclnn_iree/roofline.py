@@ -10,7 +10,7 @@ takes the two floors of each grid case on this CPU:
 - **compute**: the instructions the compiler emitted for each part of `@block_pass`
   and `@dgrid_final` (the x86 assembly of the very module the call runs, parts found by
   the MLIR source lines the assembly's `.loc` entries point at), through LLVM's machine
-  code analyser (`llvm-mca -mcpu=native`): its block reciprocal throughput is the cycles
+  code analyser (`llvm-mca -mcpu=native`, or the CPU ACLNN_IREE_CPU_ARCH names): its block reciprocal throughput is the cycles
   one pass of the part needs when every load hits L1 and no dependency waits, the
   ceiling of a roofline.  Times the part's trip count for the case, per output point.
 - **memory**: the compulsory bytes (inputs read once, outputs written once) over the
@@ -31,9 +31,10 @@ import subprocess
 import tempfile
 
 from .compiler.specs import GRID_DX_CHANNEL_BLOCK
+from .compiler.targets import CPU_ARCH_ENV
 
 __all__ = ["PARTS", "Part", "kernel_assembly", "part_lines", "part_instructions", "throughput_cycles",
-           "case_roofline", "run_roofline"]
+           "case_roofline", "mca_cpu", "run_roofline"]
 
 CHANNEL_BLOCK = GRID_DX_CHANNEL_BLOCK  # channels per slot vector
 LANES = 8  # points per coordinate vector (the template's `lanes`)
@@ -158,15 +159,44 @@ def part_instructions(asm: str, func: str, lines) -> list:
     return out
 
 
-def throughput_cycles(instructions) -> float:
+def mca_cpu() -> str:
+    """The CPU llvm-mca models: the one the CPU kernels are compiled for, i.e. the LLVM CPU
+    named by ACLNN_IREE_CPU_ARCH, or "native" (this machine's) when it is unset."""
+    from .compiler import targets
+    arch = targets.target_for_driver("local-task").arch
+    return "native" if arch == "host" else arch
+
+
+def _mca_version() -> str:
+    proc = subprocess.run(["llvm-mca", "--version"], capture_output=True, text=True)
+    found = re.search(r"LLVM version ([\w.]+)", proc.stdout)
+    host = re.search(r"Host CPU: (\S+)", proc.stdout)
+    return f"llvm-mca {found.group(1) if found else '(unknown version)'}", host.group(1) if host else "?"
+
+
+def throughput_cycles(instructions, mcpu: str = "native") -> float:
     """llvm-mca's block reciprocal throughput (cycles per pass, ports and issue width only)
-    of `instructions` on this CPU.  Raises RuntimeError when llvm-mca fails."""
+    of `instructions` on CPU `mcpu` (an LLVM CPU name; "native": this one).  Raises
+    RuntimeError, in one line, when llvm-mca fails, does not know `mcpu` or cannot model an
+    instruction (an llvm-mca older than the compiler's LLVM meets CPUs and instruction sets
+    it has no model of: LLVM 14 reads Zen 4 as Zen 3, without AVX-512)."""
     if not instructions:
         return 0.0
-    proc = subprocess.run(["llvm-mca", "-mcpu=native", "-iterations=100"], input="\n".join(instructions) + "\n",
+    proc = subprocess.run(["llvm-mca", f"-mcpu={mcpu}", "-iterations=100"], input="\n".join(instructions) + "\n",
                           capture_output=True, text=True)
     m = re.search(r"Block RThroughput:\s+([\d.]+)", proc.stdout)
+    if "is not a recognized processor" in proc.stderr:
+        version, _ = _mca_version()
+        raise RuntimeError(f"{version} does not know the CPU {mcpu!r} (an LLVM CPU name, from {CPU_ARCH_ENV})")
     if proc.returncode != 0 or not m:
+        bad = re.search(r"note: instruction:\s*(.+)", proc.stderr)
+        if "unsupported instruction" in proc.stderr and bad:
+            version, host = _mca_version()
+            cpu = f"this CPU (which it reads as {host})" if mcpu == "native" else f"CPU {mcpu}"
+            raise RuntimeError(
+                f"{version} has no model of {' '.join(bad.group(1).split())!r} on {cpu}, as the kernel compiled for it "
+                f"uses: take an llvm-mca as new as the compiler's LLVM, or set {CPU_ARCH_ENV} to a CPU this one "
+                f"models (e.g. {host}) to build, time and analyse the kernels for that CPU")
         raise RuntimeError(f"llvm-mca failed: {(proc.stderr or proc.stdout).strip().splitlines()[:1]}")
     return float(m.group(1))
 
@@ -189,7 +219,7 @@ def case_roofline(case, spec, workdir: str) -> list:
     for part in PARTS:
         if part.needs == "dgrid" and spec.interpolation_mode == "nearest":
             continue
-        cyc = throughput_cycles(part_instructions(asm, part.func, part_lines(mlir, part)))
+        cyc = throughput_cycles(part_instructions(asm, part.func, part_lines(mlir, part)), mca_cpu())
         out.append((part.name, cyc, cyc * _trips(part, case.shape) / (N * Ho * Wo)))
     return out
 
@@ -233,10 +263,10 @@ def run_roofline(threads: int, repeats: int, quick: bool = False) -> list:
     for case in (c for c in bench.CASES if c.op == "grid" and (not quick or c.name in bench.QUICK)):
         spec = specs.GridSamplerSpec(specs.INTERPOLATION_MODES[case.mode], specs.PADDING_MODES[case.padding],
                                      case.align_corners, "float32")
+        with tempfile.TemporaryDirectory() as d:  # first: llvm-mca may not read this CPU's code
+            parts = case_roofline(case, spec, d)
         run, _, _ = bench._phase2(case, bench._inputs(case, rng), device)
         t = bench._median_time(run, repeats)
-        with tempfile.TemporaryDirectory() as d:
-            parts = case_roofline(case, spec, d)
         N, C, H, W, Ho, Wo = case.shape
         points = N * Ho * Wo
         measured = t * threads * mhz * 1e6 / points

@@ -8,6 +8,7 @@ microcoded masked store: the README's "Kernel formulations" speed-up, kept by th
 """
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -92,3 +93,43 @@ def test_cli_roofline_rejects_options_it_does_not_take():
     assert proc.returncode == 1
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "--roofline" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_llvm_mca_models_the_cpu_the_kernels_are_compiled_for(monkeypatch):
+    monkeypatch.delenv(targets.CPU_ARCH_ENV, raising=False)
+    assert roofline.mca_cpu() == "native"
+    monkeypatch.setenv(targets.CPU_ARCH_ENV, "x86-64-v3")
+    assert roofline.mca_cpu() == "x86-64-v3"
+
+
+@pytest.mark.skipif(shutil.which("llvm-mca") is None, reason="no llvm-mca here (apt-get install llvm)")
+def test_llvm_mca_without_a_model_says_so_in_one_line():
+    # Zen 3 has no AVX-512: no llvm-mca has a Zen 3 model of a zmm instruction.
+    with pytest.raises(RuntimeError, match=r"has no model of 'vaddps %zmm0, %zmm1, %zmm2' on CPU znver3") as e:
+        roofline.throughput_cycles(["vaddps %zmm0, %zmm1, %zmm2"], "znver3")
+    assert "\n" not in str(e.value) and targets.CPU_ARCH_ENV in str(e.value)
+    with pytest.raises(RuntimeError, match="does not know the CPU 'no-such-cpu'"):
+        roofline.throughput_cycles(["vaddps %ymm0, %ymm1, %ymm2"], "no-such-cpu")
+
+
+@pytest.mark.skipif(not compiler_available(), reason="needs iree-base-compiler")
+def test_cli_roofline_where_llvm_mca_cannot_read_the_kernel(tmp_path):
+    # An llvm-mca older than the CPU (LLVM 14 on Zen 4 reads AVX-512 code as Zen 3's and
+    # fails): one line naming the instruction and the way out, no traceback.
+    fake = tmp_path / "llvm-mca"
+    fake.write_text("#!/bin/sh\n"
+                    "if [ \"$1\" = --version ]; then echo '  LLVM version 14.0.6'; echo '  Host CPU: znver3'; exit 0; fi\n"
+                    "cat >/dev/null\n"
+                    "echo 'error: found an unsupported instruction in the input assembly sequence.' >&2\n"
+                    "printf 'note: instruction: \\tvpaddd\\t%%zmm4, %%zmm4, %%zmm4\\n' >&2\n"
+                    "exit 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    env.pop(targets.CPU_ARCH_ENV, None)
+    proc = subprocess.run([sys.executable, "-m", "aclnn_iree", "bench", "--roofline", "--quick", "--repeats", "1"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "llvm-mca 14.0.6 has no model of 'vpaddd %zmm4, %zmm4, %zmm4'" in lines[0]
+    assert "reads as znver3" in lines[0] and targets.CPU_ARCH_ENV in lines[0]
