@@ -37,6 +37,11 @@ UPSAMPLE_ROW_BYTES = 16384
 # otherwise.  Both give the same bits.  Measured (2 x C x 250 x 370, 2 threads, random grid):
 # C = 1: 2.1 vs 7.1 ms, 8: 6.1 vs 10.9 ms, 16: 23 vs 17 ms (README "Kernel formulations").
 DGRID_POINTS_MAX_CHANNELS = 8
+# Both gradients on CPUs: dx by the block pass alone beside the point-parallel grad_grid pass
+# (`<kernel>_points`: the same bits) from 3 up to this many channels, where the fused pass's
+# grid-gradient taps of a slot of few channels cost more than the gathers (README "Kernel
+# formulations").
+SPLIT_POINTS_CHANNELS = range(3, 7)
 # Invocations per workgroup of the GPU forms (a multiple of every subgroup size seen:
 # lavapipe's 8, NVIDIA's 32, AMD's 64).
 GPU_WORKGROUP_SIZE = 64
@@ -110,8 +115,10 @@ class KernelSpec:
 class GridSamplerSpec(KernelSpec):
     """One specialisation of grid_sampler_2d_backward.
 
-    The module exports three functions, one per outputMask that computes
-    something: `<kernel>` (dx and dgrid), `<kernel>_dx` and `<kernel>_dgrid`.
+    The module exports a function per outputMask that computes something: `<kernel>`
+    (dx and dgrid), `<kernel>_dx` and `<kernel>_dgrid`; CPU modules of the modes with a
+    grid gradient also `<kernel>_dgrid_points` and `<kernel>_points`, other passes to the
+    same bits (see function_name); GPU modules `..._deterministic` forms.
     """
 
     interpolation_mode: str
@@ -142,15 +149,17 @@ class GridSamplerSpec(KernelSpec):
         has them) and `..._deterministic` (a fixed summation order), picked by
         `deterministic`.  dgrid alone is deterministic everywhere; on CPUs with at most
         DGRID_POINTS_MAX_CHANNELS `channels` it is `..._dgrid_points` (the same bits,
-        no workspace).
+        no workspace), and both outputs with SPLIT_POINTS_CHANNELS `channels` are
+        `<kernel>_points` (dx alone beside the point-parallel grad_grid: the same bits).
         """
         mask = tuple(map(bool, output_mask))
         suffix = {(True, True): "", (True, False): "_dx", (False, True): "_dgrid"}[mask]
         gpu = target is not None and target.is_gpu
         if deterministic and mask[0] and gpu:
             suffix += "_deterministic"
-        if (mask == (False, True) and not gpu and self.interpolation_mode != "nearest" and channels is not None
-                and channels <= DGRID_POINTS_MAX_CHANNELS):
+        if not gpu and self.interpolation_mode != "nearest" and channels is not None and (
+                (mask == (False, True) and channels <= DGRID_POINTS_MAX_CHANNELS)
+                or (mask == (True, True) and channels in SPLIT_POINTS_CHANNELS)):
             suffix += "_points"
         return self.kernel_name + suffix
 
@@ -160,7 +169,7 @@ class GridSamplerSpec(KernelSpec):
         if target is not None and target.is_gpu:
             names += (self.kernel_name + "_deterministic", self.kernel_name + "_dx_deterministic")
         elif self.interpolation_mode != "nearest":
-            names += (self.kernel_name + "_dgrid_points",)
+            names += (self.kernel_name + "_dgrid_points", self.kernel_name + "_points")
         return names
 
     def template_params(self, target=None) -> dict:

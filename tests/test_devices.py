@@ -344,7 +344,7 @@ def test_gpu_modules_export_both_modes():
     vk, cuda, cpu = get_target("vulkan-spirv"), get_target("cuda"), get_target("llvm-cpu")
     s = GridSamplerSpec("bilinear", "zeros", False)
     assert s.function_names(cpu) == (s.kernel_name, s.kernel_name + "_dx", s.kernel_name + "_dgrid",
-                                     s.kernel_name + "_dgrid_points")
+                                     s.kernel_name + "_dgrid_points", s.kernel_name + "_points")
     assert set(s.function_names(vk)) - set(s.function_names(cpu)) == {
         s.kernel_name + "_deterministic", s.kernel_name + "_dx_deterministic"}
     # f64 atomics: CUDA has them, the portable Vulkan profile does not

@@ -83,11 +83,12 @@ def _workspace_arg(entry, function):
     return f"&{max(int(size), 1)}xi8"
 
 
-@pytest.mark.parametrize("function_suffix", ["", "_dgrid", "_dgrid_points"])
+@pytest.mark.parametrize("function_suffix", ["", "_points", "_dgrid", "_dgrid_points"])
 def test_grid_sampler_runs_in_iree_run_module(tmp_path, monkeypatch, function_suffix):
     from aclnn_iree.compiler import specs
     # phase 1 sizes the workspace of the function it picks: the slot pass for "_dgrid" here
     monkeypatch.setattr(specs, "DGRID_POINTS_MAX_CHANNELS", 10 ** 6 if function_suffix == "_dgrid_points" else 0)
+    monkeypatch.setattr(specs, "SPLIT_POINTS_CHANNELS", range(10 ** 6) if function_suffix == "_points" else range(0))
     spec = GridSamplerSpec("bilinear", "border", False, "float32")
     st = ArtifactStore(tmp_path / "artifacts")
     _, entry = st.build_one(spec, TARGET)
@@ -100,9 +101,10 @@ def test_grid_sampler_runs_in_iree_run_module(tmp_path, monkeypatch, function_su
     for name, a in (("go", go), ("x", x), ("grid", grid), ("dx0", np.zeros_like(x)), ("dg0", np.zeros_like(grid))):
         np.save(tmp_path / f"{name}.npy", a)
     function = spec.kernel_name + function_suffix
-    storage = ["@dx0.npy", "@dg0.npy"] if function_suffix == "" else ["@dg0.npy"]
-    outs = ["dx.npy", "dg.npy"] if function_suffix == "" else ["dg.npy"]
-    mask = (True, True) if function_suffix == "" else (False, True)
+    both = function_suffix in ("", "_points")
+    storage = ["@dx0.npy", "@dg0.npy"] if both else ["@dg0.npy"]
+    outs = ["dx.npy", "dg.npy"] if both else ["dg.npy"]
+    mask = (True, True) if both else (False, True)
     if function_suffix == "_dgrid_points":  # no workspace at all
         assert entry["exports"][function]["transients_size_constant"] == "0"
     if entry["exports"][function]["transients_size_constant"] is not None:
@@ -116,7 +118,7 @@ def test_grid_sampler_runs_in_iree_run_module(tmp_path, monkeypatch, function_su
     got = _run(vmfb, function, ["@go.npy", "@x.npy", "@grid.npy", *storage, ws_arg], outs, tmp_path)
     dx, dg = _api_result(st.root, lambda: aclnn_iree.grid_sampler_2d_backward(go, x, grid, 0, 1, False, mask))
     ref_dx, ref_dg = R.grid_sampler_2d_backward(go, x, grid, 0, 1, False)
-    if function_suffix == "":
+    if both:
         assert got[0].shape == x.shape and got[0].dtype == np.float32
         np.testing.assert_array_equal(got[0], dx)
         np.testing.assert_allclose(got[0], ref_dx, rtol=1e-4, atol=1e-4)

@@ -1072,6 +1072,34 @@ POINT_PASS_CASES = ([(m, p, ac, "float32") for m in (0, 2) for p in PADS for ac 
                     + [(0, 2, False, "float16"), (2, 1, True, "bfloat16")])
 
 
+def _choose(monkeypatch, specs, name, value):
+    """Sets the specs constant `name` that picks a call's function, and drops the executors
+    the Pythonic layer keeps per call signature (each holds the function picked before)."""
+    from aclnn_iree.runtime import kernels
+    monkeypatch.setattr(specs, name, value)
+    monkeypatch.setattr(kernels, "generation", kernels.generation + 1)
+
+
+def _point_pass_cases(mode, pad, ac, dtype):
+    """(grad_output, input, grid) cases in `dtype` for the point-parallel pass: random grids
+    of 1-17 channels, warps (vector loads of consecutive taps), rows longer than its chunk
+    and an input past its streaming threshold; each grid's first points far out, NaN and a
+    corner."""
+    st = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}.get(dtype, np.dtype(dtype).type)
+    rng = np.random.default_rng(40 + mode + 3 * pad + 7 * ac)
+    cases = [random_case(rng, (2, C, 6, 7, 5, 9), np.float64, -1.3, 1.3) for C in (1, 3, 4, 6, 8, 9, 17)]
+    # a warp: lanes of 8 points reading consecutive pixels of a row take vector loads there
+    cases += [_warp_case(rng, (2, C, 7, 26, 6, 21), ac) for C in (1, 3, 8, 11)]
+    # output rows longer than dgrid_points' chunk (256 points), with a partial last group, and
+    # an input over its 524288 elements, where it walks the channel blocks outside the points
+    cases += [_warp_case(rng, (1, 11, 4, 310, 3, 300), ac), random_case(rng, (1, 9, 5, 30, 2, 263), np.float64, -1.3, 1.3),
+              _warp_case(rng, (1, 11, 220, 240, 3, 300), ac), _warp_case(rng, (1, 3, 400, 450, 3, 300), ac)]
+    for go, x, grid in cases:
+        go, x, grid = (a.astype(st) for a in (go, x, grid))
+        grid[0, 0, :3] = [[6e4, -2.5], [np.nan, 0.5], [-1.0, 1.0]]  # far out (fits f16), NaN, a corner
+        yield go, x, grid
+
+
 def _warp_case(rng, shape, ac):
     """(grad_output, input, grid) whose grid samples each row at x + 0.37 px and y + 0.21 px
     (pixel coordinates, `ac`'s convention) over the first 13 columns, then in steps of 1.25
@@ -1098,23 +1126,31 @@ def test_dgrid_point_pass_has_the_slot_pass_bits(device, monkeypatch, mode, pad,
     if is_gpu(device):
         pytest.skip("the point-parallel pass is the CPU's")
     from aclnn_iree.compiler import specs
-    st = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}.get(dtype, np.dtype(dtype).type)
-    rng = np.random.default_rng(40 + mode + 3 * pad + 7 * ac)
-    cases = [random_case(rng, (2, C, 6, 7, 5, 9), np.float64, -1.3, 1.3) for C in (1, 3, 8, 9, 17)]
-    # a warp: lanes of 8 points reading consecutive pixels of a row take vector loads there
-    cases += [_warp_case(rng, (2, C, 7, 26, 6, 21), ac) for C in (1, 8, 11)]
-    # output rows longer than dgrid_points' chunk (256 points), with a partial last group, and
-    # an input over its 524288 elements, where it walks the channel blocks outside the points
-    cases += [_warp_case(rng, (1, 11, 4, 310, 3, 300), ac), random_case(rng, (1, 9, 5, 30, 2, 263), np.float64, -1.3, 1.3),
-              _warp_case(rng, (1, 11, 220, 240, 3, 300), ac)]
-    for go, x, grid in cases:
-        go, x, grid = (a.astype(st) for a in (go, x, grid))
+    for go, x, grid in _point_pass_cases(mode, pad, ac, dtype):
         C = x.shape[1]
-        grid[0, 0, :3] = [[6e4, -2.5], [np.nan, 0.5], [-1.0, 1.0]]  # far out (fits f16), NaN, a corner
         outs = {}
         for limit, path in ((0, "slots"), (10 ** 6, "points")):
-            monkeypatch.setattr(specs, "DGRID_POINTS_MAX_CHANNELS", limit)
+            _choose(monkeypatch, specs, "DGRID_POINTS_MAX_CHANNELS", limit)
             outs[path] = gsb(go, x, grid, mode, pad, ac, (False, True))[1]
         both = gsb(go, x, grid, mode, pad, ac, (True, True))[1]
         for a in (outs["points"], both):
             assert a.tobytes() == outs["slots"].tobytes(), (C, np.abs(a.astype(np.float64) - outs["slots"]).max())
+
+
+@pytest.mark.parametrize("mode,pad,ac,dtype", POINT_PASS_CASES,
+                         ids=[f"{MODE_NAMES[m]}-{PAD_NAMES[p]}-ac{int(ac)}-{dt}" for m, p, ac, dt in POINT_PASS_CASES])
+def test_split_two_output_call_has_the_fused_bits(device, monkeypatch, mode, pad, ac, dtype):
+    """Both gradients on CPUs with SPLIT_POINTS_CHANNELS channels: dx by the block pass alone and
+    grad_grid point-parallel (`<kernel>_points`); every channel count either way: the bits of the
+    fused pass, in both outputs."""
+    if is_gpu(device):
+        pytest.skip("the point-parallel pass is the CPU's")
+    from aclnn_iree.compiler import specs
+    for go, x, grid in _point_pass_cases(mode, pad, ac, dtype):
+        outs = {}
+        for channels, path in ((range(0), "fused"), (range(10 ** 6), "split")):
+            _choose(monkeypatch, specs, "SPLIT_POINTS_CHANNELS", channels)
+            outs[path] = gsb(go, x, grid, mode, pad, ac, (True, True))
+        for k, name in enumerate(("dx", "dgrid")):
+            a, b = outs["split"][k], outs["fused"][k]
+            assert a.tobytes() == b.tobytes(), (x.shape, name, np.abs(a.astype(np.float64) - b).max())

@@ -78,11 +78,17 @@ def test_grid_sampler_spec_renders_with_exports(spec):
     assert "iree.abi.output = 0 : index" in main and "iree.abi.output = 1 : index" in main
     for suffix in ("_dx", "_dgrid"):
         assert "iree.abi.output = 1 : index" not in funcs[spec.kernel_name + suffix]["args"]
-    n = len(spec.function_names())  # 3, and the point-parallel grad_grid pass where there is a grid gradient
-    assert n == (3 if spec.interpolation_mode == "nearest" else 4)
+    # 3, and where there is a grid gradient the point-parallel passes: grad_grid alone and
+    # both outputs (dx alone, then grad_grid point-parallel)
+    n = len(spec.function_names())
+    two = 1 if spec.interpolation_mode == "nearest" else 2  # functions writing two outputs
+    assert n == (3 if spec.interpolation_mode == "nearest" else 5)
+    if two == 2:
+        points = funcs[spec.kernel_name + "_points"]["args"]
+        assert "iree.abi.output = 0 : index" in points and "iree.abi.output = 1 : index" in points
     assert text.count('iree.abi.model = "coarse-fences"') == n
     assert text.count("iree.abi.transients") == n
-    assert text.count("iree.abi.output") == n + 1
+    assert text.count("iree.abi.output") == n + two
     assert f"hal.executable.source private @{spec.kernel_name}_exe" in text
     assert "{{" not in text and "{%" not in text and "{#" not in text  # nothing left unrendered
 
@@ -112,7 +118,7 @@ def test_rendering_is_deterministic():
 def test_grid_sampler_kernel_names_exact(args, name):
     spec = GridSamplerSpec(*args)
     assert spec.kernel_name == name
-    points = () if args[0] == "nearest" else (name + "_dgrid_points",)
+    points = () if args[0] == "nearest" else (name + "_dgrid_points", name + "_points")
     assert spec.function_names() == (name, name + "_dx", name + "_dgrid") + points
     assert spec.function_name((True, True)) == name
     assert spec.function_name((True, False)) == name + "_dx"
@@ -121,6 +127,12 @@ def test_grid_sampler_kernel_names_exact(args, name):
     assert spec.function_name((False, True), channels=8) == (name + "_dgrid" if not points else points[0])
     assert spec.function_name((False, True), channels=9) == name + "_dgrid"
     assert spec.function_name((True, True), channels=1) == name
+    # both gradients with 3-6 channels: dx alone, then the point-parallel grad_grid pass
+    for c in (3, 6):
+        assert spec.function_name((True, True), channels=c) == (name if not points else points[1])
+    for c in (2, 7):
+        assert spec.function_name((True, True), channels=c) == name
+    assert spec.function_name((True, False), channels=3) == name + "_dx"
 
 
 @pytest.mark.parametrize("args,name", [
@@ -319,6 +331,8 @@ def test_offsets_are_64_bit(spec):
               # the flags and @dgrid_final's choice as the host picks them (islot_count)
               or re.search(r"^\s*%(kf_all|kf_dx|kf_dg|kf_none|use[01]) = arith\.constant [0-3] : i32$", line)
               or re.search(r"^\s*%(kflags|usei) = arith\.select %fits, %\w+, %\w+ : i32$", line)
+              # @dgrid_final point-parallel with no block pass before it: no blocks, by points
+              or re.search(r"^\s*%(NBi|usei) = arith\.constant 0 : i32$", line)
               or re.search(r"^\s*%use_part = arith\.cmpi ne, %kuse, %c0_i32 : i32$", line)
               # @grid_runs's flag word (0/1): written, read where a flag bit says so, tested
               # against zero; the flag bits (4: the block pass, 2: @dgrid_final) set and tested
