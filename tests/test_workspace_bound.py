@@ -24,7 +24,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from aclnn_iree import aclnn as A
@@ -144,10 +144,15 @@ def test_banded_and_point_parallel_passes_keep_the_bound_and_the_bits(shape, dty
        Ho=st.integers(1, 24), Wo=st.integers(1, 24), dtype=st.sampled_from(DTYPES),
        combo=st.sampled_from(COMBOS),
        mask=st.sampled_from(MASKS), seed=st.integers(0, 2**16))
+# both outputs of 3-6 channels: dx alone, then the point-parallel grad_grid (<kernel>_points)
+@example(N=1, C=3, H=37, W=41, Ho=19, Wo=23, dtype=np.float32, combo=(0, 2, False), mask=(True, True), seed=1)
+@example(N=2, C=6, H=20, W=9, Ho=24, Wo=3, dtype=np.float16, combo=(2, 0, True), mask=(True, True), seed=2)
 def test_workspace_within_the_largest_input_for_every_shape(N, C, H, W, Ho, Wo, dtype, combo, mask, seed):
     paths = check_bound_and_bits((N, C, H, W, Ho, Wo), dtype, *combo, mask, seed)
     names = {True: "whole-plane pass", False: "banded / point-parallel", None: "no block pass"}
-    event(f"call: {names[paths[0]]}; batch of {BATCH}: {names[paths[1]]}")
+    split = mask == (True, True) and combo[0] != 1 and C in specs.SPLIT_POINTS_CHANNELS
+    event(f"call: {names[paths[0]]}{' (dx alone, then grad_grid point-parallel)' if split else ''}; "
+          f"batch of {BATCH}: {names[paths[1]]}")
 
 
 # ----------------------------------------------------------------------------- GPUs (Vulkan)
