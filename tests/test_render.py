@@ -287,9 +287,9 @@ def test_environment_is_strict():
 FP_TO_INT = re.compile(r"arith\.(fptosi|fptoui) (%\w+) : (\S+) to (\S+)")
 
 
-def _check_64bit_conversions(text):
+def _check_64bit_conversions(text, expect=True):
     convs = FP_TO_INT.findall(text)
-    assert convs, "expected float -> int conversions of coordinates"
+    assert convs or not expect, "expected float -> int conversions of coordinates"
     for op, _, src, dst in convs:
         assert re.fullmatch(r"i64|vector<\d+xi64>", dst), f"arith.{op} ... : {src} to {dst} (must be i64)"
     assert not re.search(r"(!ct|f16|bf16|f32|f64) to i32", text)
@@ -357,8 +357,24 @@ def test_offsets_are_64_bit(spec):
 
 @pytest.mark.parametrize("spec", [s for s in UPSAMPLE_SPECS if s.layout == "NCHW"], ids=spec_id)
 def test_upsample_offsets_are_64_bit(spec):
+    """Offsets are 64-bit everywhere; the CPU @axis_table alone converts floats to i32 lanes:
+    positions along one axis (below its size, an i32 push constant), each clamped below 2^31
+    first (so the conversion is defined for any float), and never an offset (the tables are
+    indexed by `index`)."""
     _need_upsample_template()
-    _check_64bit_conversions(rendered(spec))
+    text = rendered(spec)
+    start = text.index("func.func @axis_table()")
+    end = text.index("func.func", start + 1)
+    table, rest = text[start:end], text[:start] + text[end:]
+    _check_64bit_conversions(rest, expect=False)
+    convs = FP_TO_INT.findall(table)
+    assert convs, "expected the table's float -> int conversions"
+    for op, operand, src, dst in convs:
+        assert op == "fptosi" and dst == "vector<8xi32>", (op, operand, dst)
+        clamp = re.search(rf"{re.escape(operand)} = arith\.minnumf %\w+, %vimax(32)? : ", table)
+        assert clamp, f"{operand} is converted to i32 without the clamp below 2^31"
+    assert re.search(r"%vimax = arith\.constant dense<2147483520\.0> : vector<8x!ct>", table)
+    assert not re.search(r"memref\.(load|store) [^\n]*\[[^\]]*%(t|k)\w*32", table), "an i32 index into memory"
 
 
 # ----------------------------------------------------------------------------------------
