@@ -114,7 +114,8 @@ def test_other_forms_give_the_same_bits(what, dtype):
 # their u rows fit the stack row beside the tallest window (W * 8 * K_H elements): 21 planes
 # (a group of 5 at the end), 3 x 7 <- 64 x 1000 (K_H = 44: grouped in float32, not in
 # float64, whose stack row holds half as many), 2 x 15 <- 64 x 1000 (K_H = 64: one plane
-# at a time).  (test_devices checks on the GPU, through the workspace, that the template
+# at a time); one-column dx in groups whose chunks of 16 rows mix rows with taps and rows
+# without (stored as zeros): 300 x 1 <- 2 x 900 in 21 planes, 40 x 1 <- 7 x 90 in 5.  (test_devices checks on the GPU, through the workspace, that the template
 # takes the W pass first for each.)
 W_FIRST_SHAPES = [
     (2, 32, (2000, 1), (1, 2000)),
@@ -126,6 +127,8 @@ W_FIRST_SHAPES = [
     (3, 7, (30, 5), (4, 200)),
     (1, 2, (3, 7), (64, 1000)),
     (1, 3, (2, 15), (64, 1000)),
+    (3, 7, (300, 1), (2, 900)),
+    (1, 5, (40, 1), (7, 90)),
 ]
 
 
