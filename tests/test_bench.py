@@ -28,6 +28,29 @@ def test_each_row_says_how_far_pytorch_is_from_ours(case):
     assert bench._max_rel_diff(planted, theirs, case.layout) > bench.PEER_DIFF_WARN
 
 
+def test_end_to_end_calls_run_as_users_call_them(monkeypatch):
+    """The suite passes phase 2 a Device (its worker count); the e2e column and the tiny-call
+    overhead call the Pythonic layer with the device's name, as users do, so small calls take
+    the inline path users get (api.call_device), not a wake-up of the task workers."""
+    from aclnn_iree import api
+    from aclnn_iree.runtime.device import Device
+    asked, chosen = [], []
+    real = api.call_device
+
+    def spy(device, op, work):
+        asked.append(device)
+        chosen.append(real(device, op, work))
+        return chosen[-1]
+    monkeypatch.setattr(api, "call_device", spy)
+    dev = Device("local-task", threads=2)
+    bench.run_case(SMALL[1], dev, repeats=1)
+    assert asked and all(d == "local-task" for d in asked), asked
+    assert set(chosen) == {"local-sync"}  # a small case: inline
+    asked.clear()
+    bench.tiny_overhead(dev, repeats=1)
+    assert asked and all(d == "local-task" for d in asked), asked
+
+
 def test_peers_compute_our_numbers_and_the_fastest_is_among_them(monkeypatch):
     """torch.compile (and JAX where installed) are timed beside us after their numbers are
     checked; a peer that computes something else is timed but never the fastest."""
