@@ -58,6 +58,8 @@ class Device:
         # threads do not survive fork(): a forked child runs local-task work on the
         # synchronous CPU driver instead (same kernels, one thread).
         self.driver = "local-sync" if (_in_forked_child and base == "local-task") else name
+        # local-sync runs a launch's work inside the launch: it has finished when the call returns.
+        self.synchronous = self.driver.split(":", 1)[0] == "local-sync"
         if base in _drivers_of_parent and not self.is_host:
             # A GPU driver the parent created is cached in this forked copy of it, with its
             # threads gone: a device from it hangs on its first wait (seen with Vulkan).

@@ -333,3 +333,55 @@ def test_a_failed_launch_does_not_fail_every_later_call():
     again = api.grid_sampler_2d_backward(go, x, grid, device="local-sync")
     assert_bitwise(again[0], want[0])
     assert_bitwise(again[1], want[1])
+
+
+@pytest.mark.parametrize("device", ["local-task", "local-sync"])
+def test_a_repeatable_executor_asks_for_its_estimate_once(device, monkeypatch):
+    """A launch's duration estimate (what a CPU stream sleeps through) is made on the executor's
+    first launch and kept, since rebinding keeps every shape; a synchronous device, whose launch
+    returns with the work done, has none.  Each run still computes the reference's result."""
+    from aclnn_iree.runtime import kernels
+    asked = []
+    real = kernels.Kernel.estimate
+    monkeypatch.setattr(kernels.Kernel, "estimate", lambda self, views: asked.append(1) or real(self, views))
+    status, s = A.aclrtCreateStream(device)
+    assert status == SUCCESS
+    garr, _, osz, isz = up_arrays(fmt="NCHW", seed=0)
+    go_t = A.aclCreateTensor(garr, "NCHW", stream=s)
+    out_t = A.aclCreateTensor(shape=isz, dtype=np.float32, format="NCHW", stream=s)
+    status, ws, ex = up_phase1(go_t, osz, isz, False, -1.0, -1.0, out_t)
+    assert status == SUCCESS and A.aclSetAclOpExecutorRepeatable(ex) == SUCCESS
+    ref = R.upsample_bilinear2d_backward(garr.astype(np.float64), osz, isz, False, None, None)
+    for _ in range(3):
+        execute((SUCCESS, ws, ex), s, A.aclnnUpsampleBilinear2dBackwardV2)
+        assert_close(out_t.numpy(), ref, np.float32)
+    assert len(asked) == (1 if device == "local-task" else 0)
+    A.aclDestroyAclOpExecutor(ex)
+    A.aclrtDestroyStream(s)
+
+
+def test_data_address_and_alignment_of_host_arrays():
+    """Host arrays are imported where 16-byte aligned (the kernels' bindings say so) and copied
+    otherwise; the address comes through ctypes' buffer protocol where it can (writable, at
+    least a byte) and array.ctypes otherwise: the same number for every kind of array."""
+    from aclnn_iree.tensors import aligned, data_address
+    base = empty_aligned((64,), np.float32)
+    ro = base.copy()
+    ro.flags.writeable = False
+    for a in (base, base[1:], base[4:], ro, np.zeros(0, np.float32), np.zeros((8, 8))[:, 1], base.reshape(8, 8)):
+        assert data_address(a) == a.ctypes.data
+    off = base[1:17]  # 4 bytes past a 64-byte boundary
+    assert data_address(off) % 16 == 4
+    fixed = aligned(off)
+    assert fixed is not off and data_address(fixed) % 16 == 0 and np.array_equal(fixed, off)
+    v16 = base[4:20]  # 16 bytes in: aligned, imported as it is
+    assert aligned(v16) is v16 and aligned(base) is base
+    # A call on the misaligned view gives the aligned copy's bits.
+    go = np.random.default_rng(3).standard_normal((1, 2, 5, 7)).astype(np.float32)
+    raw = empty_aligned((go.size + 1,), np.float32)
+    view = raw[1:].reshape(go.shape)
+    view[...] = go
+    assert data_address(view) % 16 != 0
+    a = api.upsample_bilinear2d_backward(view, (5, 7), (1, 2, 3, 4), False)
+    b = api.upsample_bilinear2d_backward(go, (5, 7), (1, 2, 3, 4), False)
+    assert_bitwise(a, b)
