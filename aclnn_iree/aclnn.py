@@ -40,7 +40,8 @@ from .runtime.device import DeviceUnavailable
 from .runtime.kernels import ModuleLoadError, load_module
 from .runtime.store import ArtifactMissing
 from .tensors import (FORMATS, HOST_ALIGNMENT, Storage, aclBoolArray, aclIntArray, aclrtBuffer, aclrtStream,
-                      aclTensor, empty_aligned, device_of, hal_element_type, host_storage, tensor_over, view_over)
+                      aclTensor, data_address, empty_aligned, device_of, hal_element_type, host_storage, tensor_over,
+                      view_over)
 
 __all__ = [
     "aclGetRecentErrMsg", "aclCreateTensor", "aclDestroyTensor", "aclCreateIntArray", "aclDestroyIntArray",
@@ -408,7 +409,7 @@ def _addr_storage(dev, tensor, addr) -> Storage:
                                                     f"array, got {brief(addr)}")
     if not dev.is_host:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"addr must be device memory (an aclrtBuffer) on {dev.name}")
-    if (not addr.flags.c_contiguous or not addr.flags.writeable or addr.ctypes.data % HOST_ALIGNMENT
+    if (not addr.flags.c_contiguous or not addr.flags.writeable or data_address(addr) % HOST_ALIGNMENT
             or addr.nbytes != tensor.nbytes):
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID,
                          f"addr must be a C-contiguous, writable, {HOST_ALIGNMENT}-byte aligned array of "
