@@ -317,6 +317,7 @@ class aclOpExecutor:
         self.destroyed = False
         self.lock = threading.Lock()
         self.estimate = None  # the kernel's CallEstimate for these shapes, made on first launch
+        self.slots = self.own = None  # made by the first replay
         self.refresh()
 
     def refresh(self):
@@ -419,15 +420,33 @@ def _addr_storage(dev, tensor, addr) -> Storage:
     return host_storage(dev, data, tensor.format)
 
 
-def rebind(executor, storages):
-    """For the Pythonic and torch layers, which made the executor and its tensors themselves
-    (so the checks of aclSetInputTensorAddr hold by construction): points every tensor of
-    `executor` (its inputs, then its outputs, in aclnn's order) at `storages[i]`, a
-    tensors.Storage of that tensor's shape and dtype."""
-    with executor.lock:
-        for t, s in zip(executor.inputs + executor.outputs, storages):
-            t.rebind(s)
-        executor.refresh()
+def replay(executor, storages, workspace, stream):
+    """For the Pythonic and torch layers, which made `executor` (repeatable, with a kernel)
+    and keep it to one thread: enqueues its kernel on `storages` (tensors.Storage of each of
+    its inputs, then outputs, in aclnn's order, of that tensor's shape and dtype) without
+    binding them to its tensors.  What aclSetInputTensorAddr and phase 2 check holds by
+    construction there (the layer's own tensors, stream and workspace; a stale module is
+    retired by kernels.generation), so this skips them: a kept call's host time is about
+    half of rebinding and running phase 2 (README "Host overhead").  `workspace`: an
+    aclrtBuffer of at least executor.workspace_size bytes, or None when it needs none.  The
+    stream keeps the storages, the executor's own tensors and the workspace until the
+    launch has run.  Raises AclnnError (ACLNN_ERR_RUNTIME_ERROR) when the launch fails."""
+    slots = executor.slots
+    if slots is None:  # where each kernel argument comes from: a call tensor, or the executor's own
+        order = executor.inputs + executor.outputs
+        slots = executor.slots = tuple(next((i for i, t in enumerate(order) if t is b), None)
+                                       for b in executor.bound)
+        executor.own = tuple(b.storage for b, i in zip(executor.bound, slots) if i is None)
+    views = [b.view if i is None else storages[i].view for b, i in zip(executor.bound, slots)]
+    kernel = executor.kernel
+    ws_buffer = executor.device.placeholder if workspace is None else workspace.buffer
+
+    def enqueue(wait, signal):
+        kernel.launch(views, ws_buffer, wait, signal)
+    try:
+        stream.submit(enqueue, keep=(storages, executor.own, workspace), estimate=_estimate(executor, kernel, views))
+    except Exception as e:
+        raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, f"launch failed: {e}") from None
 
 
 def unbind(executor):

@@ -18,7 +18,7 @@ from .runtime.timeline import Timeline
 
 __all__ = ["aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer", "FORMATS",
            "hal_element_type", "Storage", "host_storage", "storage_of", "no_storage", "view_over", "tensor_over",
-           "import_or_upload", "aligned", "empty_aligned", "data_address"]
+           "import_or_upload", "aligned", "empty_aligned", "data_address", "read_back"]
 
 FORMATS = ("ND", "NCHW", "NHWC")
 # The kernels declare their buffer bindings 16-byte aligned: what NumPy (and malloc)
@@ -138,6 +138,18 @@ def view_over(buffer: rt.HalBuffer, shape, dtype) -> rt.HalBufferView:
     return rt.HalBufferView(buffer, shape, element_type(dtype))
 
 
+def read_back(storage: Storage) -> np.ndarray:
+    """A host copy of the memory of `storage` (shape `storage.shape`, dtype `storage.dtype`):
+    its host array's on CPU devices, else mapped from the device buffer."""
+    if storage.host is not None:
+        return storage.host.reshape(storage.shape).copy()
+    nbytes = math.prod(storage.shape) * storage.dtype.itemsize
+    if nbytes == 0:
+        return np.zeros(storage.shape, storage.dtype)
+    raw = storage.buffer.map().asarray([nbytes], np.dtype(np.uint8))
+    return raw.view(storage.dtype).reshape(storage.shape).copy()
+
+
 def tensor_over(device: Device, array: np.ndarray, fmt: str = "ND") -> "aclTensor":
     """An aclTensor over the host array `array` (host_storage: no copy on CPU devices when
     it is C-contiguous and 16-byte aligned).  Raises KeyError, MemoryError as host_storage."""
@@ -217,12 +229,7 @@ class aclTensor:
             raise ValueError("aclTensor was destroyed")
         if self.buffer is None:
             raise ValueError("this aclTensor is a descriptor without storage (a masked-out output)")
-        if self.host is not None:
-            return self.host.reshape(self.shape).copy()
-        if self.size == 0:
-            return np.zeros(self.shape, self.dtype)
-        raw = self.buffer.map().asarray([self.nbytes], np.dtype(np.uint8))
-        return raw.view(self.dtype).reshape(self.shape).copy()
+        return read_back(Storage(self.buffer, self.view, self.host, self.shape, self.dtype, self.format))
 
     def __repr__(self):
         state = " destroyed" if self.destroyed else ""

@@ -10,6 +10,7 @@ holds a caller's array, and that the inline (local-sync) path gives local-task's
 """
 from __future__ import annotations
 
+import collections
 import gc
 import threading
 import weakref
@@ -179,6 +180,39 @@ def test_pythonic_call_reuses_its_executor_and_keeps_no_array():
     for ex in _kept().values():
         assert all(t.buffer is None and t.host is None for t in ex.inputs + ex.outputs)
         assert ex.views == [] and ex.resources == ()
+
+
+@pytest.mark.parametrize("mask", [(True, True), (True, False), (False, True)])
+def test_kept_calls_replay_on_their_own_memory(device, mask, monkeypatch):
+    """A repeated call skips phase 1 and phase 2's checks: its kept executor is replayed on
+    the call's memory (aclnn.replay), never bound to it, and on every device (results read
+    back from device memory on GPUs) each call gives the float64 reference's result for its
+    own data; the executor's own tensors (the upsample's scales) keep theirs."""
+    from conftest import on_device
+    grid_fn, up_fn = on_device(device)
+    monkeypatch.setattr(api._tls, "executors", collections.OrderedDict(), raising=False)  # none kept yet
+    phase2 = []
+    for name in ("aclnnGridSampler2DBackward", "aclnnUpsampleBilinear2dBackwardV2"):
+        real = getattr(A, name)
+        monkeypatch.setattr(A, name, (lambda real: lambda *a: phase2.append(1) or real(*a))(real))
+    rng = np.random.default_rng(5)
+    go, x, grid = gs_arrays(C=3, seed=31)
+    g, _, osz, isz = up_arrays(seed=32)
+    for k in range(3):
+        x = rng.standard_normal(x.shape).astype(np.float32)
+        g = rng.standard_normal(g.shape).astype(np.float32)
+        dx, dgrid = grid_fn(go, x, grid, 0, 2, True, mask)
+        ref = R.grid_sampler_2d_backward(go.astype(np.float64), x.astype(np.float64), grid.astype(np.float64), 0, 2,
+                                         True)
+        for got, want, m in zip((dx, dgrid), ref, mask):
+            assert (got is None) == (not m)
+            if m:
+                assert_close(got, want, np.float32)
+        assert_close(up_fn(g, osz, isz, False, 1.7, None),
+                     R.upsample_bilinear2d_backward(g.astype(np.float64), osz, isz, False, 1.7, None), np.float32)
+    assert len(phase2) == 2  # the first call of each signature; the others replayed
+    for ex in _kept().values():
+        assert all(t.buffer is None for t in ex.inputs + ex.outputs)
 
 
 def test_pythonic_signature_tells_types_apart():

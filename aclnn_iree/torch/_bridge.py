@@ -21,7 +21,7 @@ import torch
 from .. import api
 from ..errors import AclnnError
 from ..runtime.device import DeviceUnavailable, get_device
-from ..tensors import HOST_ALIGNMENT, Storage, host_storage, no_storage, storage_of
+from ..tensors import HOST_ALIGNMENT, Storage, host_storage, no_storage, read_back, storage_of
 
 __all__ = ["set_cpu_device", "get_cpu_device", "SUPPORTED_DTYPES", "grid_sampler_backward", "upsample_backward",
            "iree_device_for", "is_channels_last"]
@@ -127,10 +127,10 @@ def _reader(targets):
     not write that tensor itself (a CPU tensor computed on a GPU device)."""
     targets = iter(targets)
 
-    def read(acl):
+    def read(storage):
         t = next(targets)
-        if t.device.type == "cpu" and not acl.device.is_host and t.numel():
-            _numpy_view(t)[...] = acl.numpy()
+        if t.device.type == "cpu" and storage.host is None and t.numel():
+            _numpy_view(t)[...] = read_back(storage)
         return t
     return read
 
