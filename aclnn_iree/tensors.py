@@ -143,11 +143,12 @@ def read_back(storage: Storage) -> np.ndarray:
     its host array's on CPU devices, else mapped from the device buffer."""
     if storage.host is not None:
         return storage.host.reshape(storage.shape).copy()
-    nbytes = math.prod(storage.shape) * storage.dtype.itemsize
+    dtype = np.dtype(storage.dtype)
+    nbytes = math.prod(storage.shape) * dtype.itemsize
     if nbytes == 0:
-        return np.zeros(storage.shape, storage.dtype)
+        return np.zeros(storage.shape, dtype)
     raw = storage.buffer.map().asarray([nbytes], np.dtype(np.uint8))
-    return raw.view(storage.dtype).reshape(storage.shape).copy()
+    return raw.view(dtype).reshape(storage.shape).copy()
 
 
 def tensor_over(device: Device, array: np.ndarray, fmt: str = "ND") -> "aclTensor":

@@ -419,3 +419,17 @@ def test_data_address_and_alignment_of_host_arrays():
     a = api.upsample_bilinear2d_backward(view, (5, 7), (1, 2, 3, 4), False)
     b = api.upsample_bilinear2d_backward(go, (5, 7), (1, 2, 3, 4), False)
     assert_bitwise(a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.dtype(np.float32), BF16], ids=["scalar type", "dtype", "bfloat16"])
+def test_read_back_copies_device_memory(dtype):
+    """tensors.read_back (how a layer reads an output the kernel wrote in device memory) copies
+    the bytes for a Storage whose dtype is a NumPy dtype or a scalar type (the torch layer's
+    DLPack storages carry the latter), and an empty one without touching its buffer."""
+    from aclnn_iree.runtime.device import get_device
+    from aclnn_iree.tensors import Storage, read_back
+    dev = get_device("local-sync")
+    want = np.arange(12, dtype=np.float32).reshape(3, 4).astype(dtype)
+    got = read_back(Storage(dev.upload(want), None, None, (3, 4), dtype, "ND"))
+    assert got.dtype == np.dtype(dtype) and got.tobytes() == want.tobytes()
+    assert read_back(Storage(dev.allocate(1), None, None, (0, 4), dtype, "ND")).shape == (0, 4)
