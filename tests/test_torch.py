@@ -304,6 +304,30 @@ def test_vulkan_for_cpu_tensors():
     _assert_bits(dg, want[1], "vulkan grad_grid")
 
 
+@pytest.mark.parametrize("in_size", [(1, 4, 4, 4), (2, 3, 5, 6)], ids=["C=H=W", "C!=H!=W"])
+def test_vulkan_for_channels_last_cpu_tensors(in_size):
+    """A channels_last upsample backward of CPU tensors on Vulkan: the NHWC kernel's result,
+    read back from device memory, lands in the channels_last gradient in its own layout (it
+    was once copied in as if NCHW: scrambled axes where C = H = W, a ValueError elsewhere),
+    with the Vulkan kernel's bits, within float32's bound of PyTorch's own gradient."""
+    from test_aclnn import assert_close
+    require_device("vulkan")
+    N, C, H, W = in_size
+    go = torch.randn(N, C, 2 * H + 1, 2 * W - 1).contiguous(memory_format=torch.channels_last)
+    osz = list(go.shape[2:])
+    AT.set_cpu_device("vulkan")
+    try:
+        dx = OPS.upsample_bilinear2d_backward(go, osz, list(in_size), False, None, None)
+    finally:
+        AT.set_cpu_device("local-task")
+    assert dx.is_contiguous(memory_format=torch.channels_last)
+    want = aclnn_iree.upsample_bilinear2d_backward(go.permute(0, 2, 3, 1).numpy(), osz, [N, H, W, C], False,
+                                                   memory_format="NHWC", device="vulkan")
+    _assert_bits(dx.permute(0, 2, 3, 1), want, "vulkan channels_last grad_input")
+    ref = torch.ops.aten.upsample_bilinear2d_backward(go.double(), osz, list(in_size), False)
+    assert_close(dx.numpy(), ref.numpy(), np.float32)
+
+
 def test_bad_arguments_are_clear_errors():
     x = torch.randn(1, 2, 4, 4)
     with pytest.raises(ValueError, match="mode='bilinear' only"):

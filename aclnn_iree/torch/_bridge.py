@@ -181,8 +181,10 @@ def upsample_backward(name, grad_output, output_size, input_size, align_corners,
         isz = (N, H, W, C)
     else:
         storages, isz = [run.storage(go, "NCHW"), run.storage(out, "NCHW", True)], (N, C, H, W)
+    # A result read back from device memory (a GPU device for CPU tensors) is in the kernel's
+    # layout: NHWC goes into the channels_last tensor through its (N, H, W, C) view.
     api.run_upsample(run.stream, storages, [int(v) for v in output_size], isz, bool(align_corners), scales_h,
-                     scales_w, read=_reader([out]))
+                     scales_w, read=_reader([out.permute(0, 2, 3, 1) if nhwc else out]))
     return out
 
 
