@@ -7,6 +7,7 @@ failing status becomes AclnnError.  So there is one code path for both layers.
 from __future__ import annotations
 
 import collections
+import collections.abc
 import functools
 import math
 import re
@@ -435,6 +436,9 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
     for name, v in (("output_size", output_size), ("input_size", input_size)):
         if v is None:
             raise AclnnError(ACLNN_ERR_PARAM_NULLPTR, f"{name} is None")
+    # An iterator's values, read once: every later check reads the sizes again.
+    output_size, input_size = (tuple(v) if isinstance(v, collections.abc.Iterator) else v
+                               for v in (output_size, input_size))
     if memory_format not in ("NCHW", "NHWC"):
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"memory_format must be 'NCHW' or 'NHWC', got {memory_format!r}")
     isz = _int_values("input_size", input_size)

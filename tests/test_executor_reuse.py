@@ -215,6 +215,17 @@ def test_kept_calls_replay_on_their_own_memory(device, mask, monkeypatch):
         assert all(t.buffer is None for t in ex.inputs + ex.outputs)
 
 
+def test_sizes_given_as_iterators_are_read_once():
+    """output_size and input_size given as iterators (a generator, map) are read once: the
+    call, fresh or kept, gives the list form's bits (the signature and phase 1 each read the
+    sizes, and a generator once reached phase 1 empty: "got 0 entries")."""
+    g, _, osz, isz = up_arrays(seed=41)
+    want = api.upsample_bilinear2d_backward(g, osz, isz, False, device="local-sync")
+    for _ in range(2):  # the second: a kept executor
+        got = api.upsample_bilinear2d_backward(g, (v for v in osz), map(int, isz), False, device="local-sync")
+        assert_bitwise(got, want)
+
+
 def test_pythonic_signature_tells_types_apart():
     """True and 1 are one dict key but not one call: a kept executor of align_corners=True must
     not let align_corners=1 skip phase 1's check."""
