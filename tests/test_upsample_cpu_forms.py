@@ -54,7 +54,11 @@ def _tile_columns(dtype, C):
 # exact 2x down-sampling (the NCHW W pass fetches whole groups with a load and a shuffle
 # where the windows start two lanes per output; the last group of 56 columns takes the
 # gather), and grad_output narrower than a vector, where NCHW takes 8 planes per workgroup
-# (dx 1 x 2000 <- 2000 x 1: 4000 taps per H sum; 21 planes, a group of 5 at the end).
+# (dx 1 x 2000 <- 2000 x 1: 4000 taps per H sum; 21 planes, a group of 5 at the end);
+# there, with grad_output one column wide, float32 sums 8 taps of the 8 planes at a time
+# (dx rows whose windows start anywhere, some with fewer than 8 taps in the column: 7 x 300
+# <- 500 x 1 in 33 planes, 3 x 40 <- 19 x 1), and the W pass stores the chunks outside the
+# range with hits as zeros (2 x 2000 <- 9 x 1: taps on a few columns).
 SEPARABLE_SHAPES = [
     (2, 64, (6, 150), (11, 300)),
     (1, 300, (5, 40), (9, 80)),
@@ -64,6 +68,9 @@ SEPARABLE_SHAPES = [
     (2, 5, (20, 56), (10, 28)),
     (2, 32, (1, 2000), (2000, 1)),
     (3, 7, (5, 30), (200, 4)),
+    (3, 11, (7, 300), (500, 1)),
+    (1, 9, (3, 40), (19, 1)),
+    (2, 3, (2, 2000), (9, 1)),
 ]
 
 
