@@ -217,13 +217,6 @@ class aclTensor:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
-    def result(self) -> np.ndarray:
-        """The contents as an array without a copy when the tensor lives in host memory
-        (CPU devices); for the Pythonic layer, which drops the tensor right after."""
-        if self.host is not None and not self.destroyed:
-            return self.host.reshape(self.shape)
-        return self.numpy()
-
     def numpy(self) -> np.ndarray:
         """A host copy of the contents, shape `self.shape`, dtype `self.dtype`."""
         if self.destroyed:
