@@ -76,6 +76,9 @@ SEPARABLE_SHAPES = [
     (1, 4, (3, 37), (7, 74)),
     (1, 3, (4, 48), (16, 192)),
     (1, 2, (5, 64), (9, 256)),
+    # ... with H down-sampled: W first, its W pass reading grad_output rows strided
+    (2, 3, (24, 40), (6, 80)),
+    (1, 2, (40, 33), (10, 132)),
 ]
 
 
