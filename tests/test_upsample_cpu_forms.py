@@ -71,14 +71,16 @@ SEPARABLE_SHAPES = [
     (3, 11, (7, 300), (500, 1)),
     (1, 9, (3, 40), (19, 1)),
     (2, 3, (2, 2000), (9, 1)),
-    # W up-sampled exactly 2x and 4x, rows of several vectors: the W pass's strided loads
+    # W up-sampled exactly 2x, 4x and 8x, rows of several vectors: the W pass's strided loads
     (2, 5, (6, 40), (12, 80)),
     (1, 4, (3, 37), (7, 74)),
     (1, 3, (4, 48), (16, 192)),
     (1, 2, (5, 64), (9, 256)),
+    (1, 3, (8, 40), (64, 320)),
     # ... with H down-sampled: W first, its W pass reading grad_output rows strided
     (2, 3, (24, 40), (6, 80)),
     (1, 2, (40, 33), (10, 132)),
+    (1, 2, (48, 20), (6, 160)),
 ]
 
 
