@@ -45,8 +45,9 @@ class Part:
     """A part of the CPU kernel: where it starts and ends in the rendered MLIR (the first
     line matching `start` after `after` in function `func`, up to the line before the first
     match of `end` after it) and how often it runs: `per` is "point" (each output point
-    and channel block), "group" (each 8 points of a row and block) or "pixel8" (each 8
-    input pixels and block)."""
+    and channel block), "group" (each 8 points of a row and block), "image_group" (each 8
+    points of a row, once per image) or "pixel8" (each 8 input pixels and block); `modes`:
+    the interpolation modes that have it (empty: all)."""
 
     name: str
     func: str
@@ -55,6 +56,7 @@ class Part:
     end: str
     per: str
     needs: str  # "dx", "dgrid" or "any": the gradient the part computes
+    modes: tuple = ()
 
 
 PARTS = (
@@ -62,6 +64,9 @@ PARTS = (
          r"scf\.for %pb0 =", "pixel8", "dgrid"),
     Part("coordinates (per 8 points)", "block_pass", r"scf\.for %i = %c0 to %Ho", r"%jrem = ",
          r"scf\.for %jl = ", "group", "any"),
+    Part("nearest: coordinates to the table (per 8 points, once per image)", "block_pass",
+         r"scf\.for %i = %c0 to %Ho", r"scf\.if %need_coords \{", r"// grad_output streams in", "image_group", "dx",
+         ("nearest",)),
     Part("dx taps", "block_pass", r"scf\.for %jl = ", r"scf\.for %jl = ",
          r"scf\.if %with_dg \{|^      scf\.if %with_dx \{", "point", "dx"),
     Part("grid-gradient taps", "block_pass", r"scf\.for %jl = ", r"scf\.if %with_dg \{",
@@ -98,7 +103,7 @@ def _function_span(lines, func: str) -> tuple:
     return start, end
 
 
-def part_lines(mlir_lines, part: Part) -> list:
+def part_lines(mlir_lines, part: Part, full_blocks: bool = True) -> list:
     """The 1-based MLIR source lines of `part`, less the masked forms' branches (cold).
     Raises ValueError when the template no longer has the markers (then PARTS needs
     updating)."""
@@ -112,7 +117,7 @@ def part_lines(mlir_lines, part: Part) -> list:
 
     first = find(part.start, find(part.after, lo))
     last = find(part.end, first + 1)
-    cold = _cold_lines(mlir_lines, first, last)
+    cold = _cold_lines(mlir_lines, first, last, full_blocks)
     return [n + 1 for n in range(first, last) if n not in cold]
 
 
@@ -122,16 +127,41 @@ def part_lines(mlir_lines, part: Part) -> list:
 _FAST_IF = re.compile(r"^(\s*)(?:%\w+ = )?scf\.if %(v_\w+_u|xf\d+|\w+_sf|\w+_lf|\w+_lin|\w+_fast)(?: -> \(.*\))? \{")
 
 
-def _cold_lines(mlir_lines, first: int, last: int) -> set:
-    """0-based lines in [first, last) of the else branches of the fast-path ifs."""
+# ... and those whose then branch is the rare one: nearest computes a point's coordinates in
+# the first block of each image it meets (templates: nearest_table), the other blocks read
+# the table (a part that starts at such an if counts its body).
+_RARE_IF = re.compile(r"^(\s*)(?:%\w+ = )?scf\.if %need_coords(?: -> \(.*\))? \{")
+
+
+def _then_end(mlir_lines, i: int, last: int) -> int:
+    """The line of the brace that closes the region opened at the end of line i (its body
+    is not indented uniformly: nested macros keep their own indentation)."""
+    depth = 1
+    for k in range(i + 1, last):
+        for ch in mlir_lines[k]:
+            depth += (ch == "{") - (ch == "}")
+            if depth == 0:
+                return k
+    raise ValueError(f"no end of the region opened at line {i + 1}")
+
+
+def _cold_lines(mlir_lines, first: int, last: int, full_blocks: bool = True) -> set:
+    """0-based lines in [first, last) of the else branches of the fast-path ifs and of the
+    then branches of the rare ones.  Without `full_blocks` (fewer than 8 channels: no
+    block has 8), the `..._fast` branches, whole groups of full blocks, are the cold ones."""
     cold = set()
     for i in range(first, last):
+        if _RARE_IF.match(mlir_lines[i]) and i > first:
+            cold.update(range(i + 1, _then_end(mlir_lines, i, last)))
+            continue
         m = _FAST_IF.match(mlir_lines[i])
         if not m:
             continue
         ind = m.group(1)
         j = next(k for k in range(i + 1, last) if mlir_lines[k].startswith(ind + "}"))
-        if mlir_lines[j].strip() == "} else {":
+        if not full_blocks and m.group(2).endswith("_fast"):
+            cold.update(range(i + 1, j))
+        elif mlir_lines[j].strip() == "} else {":
             end = next(k for k in range(j + 1, last) if mlir_lines[k].startswith(ind + "}"))
             cold.update(range(j + 1, end))
     return cold
@@ -206,6 +236,8 @@ def _trips(part: Part, shape) -> int:
     blocks = -(-C // CHANNEL_BLOCK)
     if part.func == "dgrid_final":
         return N * Ho * Wo
+    if part.per == "image_group":
+        return N * Ho * -(-Wo // LANES)
     per = {"point": Ho * Wo, "group": Ho * -(-Wo // LANES), "pixel8": -(-H * W // LANES)}[part.per]
     return N * blocks * per
 
@@ -219,7 +251,10 @@ def case_roofline(case, spec, workdir: str) -> list:
     for part in PARTS:
         if part.needs == "dgrid" and spec.interpolation_mode == "nearest":
             continue
-        cyc = throughput_cycles(part_instructions(asm, part.func, part_lines(mlir, part)), mca_cpu())
+        if part.modes and spec.interpolation_mode not in part.modes:
+            continue
+        lines = part_lines(mlir, part, full_blocks=C >= CHANNEL_BLOCK)
+        cyc = throughput_cycles(part_instructions(asm, part.func, lines), mca_cpu())
         out.append((part.name, cyc, cyc * _trips(part, case.shape) / (N * Ho * Wo)))
     return out
 

@@ -26,6 +26,7 @@ CPU = targets.get_target("llvm-cpu")
 DEFINING = {
     "slot fill (input, interleaved)": r"%xe\d+ = vector\.extract",
     "coordinates (per 8 points)": r"%gt_t = vector\.transpose",
+    "nearest: coordinates to the table (per 8 points, once per image)": r"%nt_v = arith\.select",
     "dx taps": r"vector\.store %v_\w+_n, %islot",
     "grid-gradient taps": r"%l_\w+ = memref\.load %ltab_f",
     "slot to dx (transpose)": r"%to_t = vector\.transpose",
@@ -41,8 +42,8 @@ def _mlir(mode, pad="zeros"):
 def test_every_part_is_found_and_holds_its_ops(mode):
     mlir = _mlir(mode, "reflection")
     for part in roofline.PARTS:
-        if part.needs == "dgrid" and mode == "nearest":  # no grid gradient to compute
-            with pytest.raises(ValueError):
+        if (part.needs == "dgrid" and mode == "nearest") or (part.modes and mode not in part.modes):
+            with pytest.raises(ValueError):  # nearest has no grid gradient, the others no table
                 roofline.part_lines(mlir, part)
             continue
         lines = roofline.part_lines(mlir, part)
@@ -50,9 +51,24 @@ def test_every_part_is_found_and_holds_its_ops(mode):
         assert any(re.search(DEFINING[part.name], t) for t in text), part.name
         # No line of another function, and no masked fallback of a fast path.
         assert not any("func.func" in t for t in text), part.name
+        if part.name == "coordinates (per 8 points)" and mode == "nearest":  # the table's job
+            assert not any("%pxr_cc" in t for t in text)
         if part.name == "dx taps":
             assert not any("vector.maskedstore %islot" in t for t in text)
             assert any("vector.maskedstore %islot" in mlir[n] for n in range(lines[0], lines[-1]))
+
+
+def test_slot_to_dx_counts_the_form_the_channels_take():
+    """With 8 channels or more a group of a full block takes the whole-vector form; with fewer
+    no block is full, and the per-lane form is the one that runs."""
+    mlir = _mlir("bilinear")
+    part = next(p for p in roofline.PARTS if p.name == "slot to dx (transpose)")
+    full = [mlir[n - 1] for n in roofline.part_lines(mlir, part)]
+    few = [mlir[n - 1] for n in roofline.part_lines(mlir, part, full_blocks=False)]
+    assert any("%tf_r0 = vector.load %islot" in t for t in full)
+    assert not any("%tol0_l = vector.load %islot" in t for t in full)
+    assert any("%tol0_l = vector.load %islot" in t for t in few)
+    assert not any("%tf_r0 = vector.load %islot" in t for t in few)
 
 
 def test_a_template_without_the_markers_is_an_error():
