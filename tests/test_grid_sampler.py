@@ -931,11 +931,11 @@ def test_one_slot_per_worker(worker_runs):
     9 x 7 pixels x 8 channels (2016 B), takes 1, 2 and 3 slots on 1, 2 and 3 workers
     (IREE rounds a transient allocation up to 64 bytes); the synchronous device runs
     one workgroup at a time and gets one slot.  A nearest slot also holds the table of
-    the 8 x 6 output points' pixels (4 bytes each)."""
+    the 8 x 6 output points' pixels (8 bytes each)."""
     for which in WORKER_COUNTS:
         slots = 1 if which == "local-sync" else which
         for spec in DETERMINISM_SPECS:
-            slot = 9 * 7 * 8 * 4 + (8 * 6 * 4 if spec[0] == 1 else 0)
+            slot = 9 * 7 * 8 * 4 + (8 * 6 * 8 if spec[0] == 1 else 0)
             key = f"{spec[0]}{spec[1]}{int(spec[2])}_10_ws"
             assert int(worker_runs[which][key]) == -(-slots * slot // 64) * 64, (which, spec)
 
