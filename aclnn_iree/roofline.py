@@ -124,18 +124,18 @@ def part_lines(mlir_lines, part: Part, full_blocks: bool = True) -> list:
 # The scf.if conditions of the unmasked fast paths (templates/_grid_sampler_cpu.mlir.j2 and
 # common.store_vec / load_vec): their else branches, the masked forms, run only at a slot's or
 # a row's end.  (slot_load's outer branch on cw == 8 is counted on both sides: a case runs one.)
-_FAST_IF = re.compile(r"^(\s*)(?:%\w+ = )?scf\.if %(v_\w+_u|xf\d+|\w+_sf|\w+_lf|\w+_lin|\w+_fast)(?: -> \(.*\))? \{")
+_FAST_IF = re.compile(r"^\s*(?:%\w+ = )?scf\.if %(v_\w+_u|xf\d+|\w+_sf|\w+_lf|\w+_lin|\w+_fast)(?: -> \(.*\))? \{")
 
 
 # ... and those whose then branch is the rare one: nearest computes a point's coordinates in
 # the first block of each image it meets (templates: nearest_table), the other blocks read
 # the table (a part that starts at such an if counts its body).
-_RARE_IF = re.compile(r"^(\s*)(?:%\w+ = )?scf\.if %need_coords(?: -> \(.*\))? \{")
+_RARE_IF = re.compile(r"^\s*(?:%\w+ = )?scf\.if %need_coords(?: -> \(.*\))? \{")
 
 
 def _then_end(mlir_lines, i: int, last: int) -> int:
-    """The line of the brace that closes the region opened at the end of line i (its body
-    is not indented uniformly: nested macros keep their own indentation)."""
+    """The line of the brace that closes the region opened at the end of line i (by brace
+    depth: a region's body is not indented uniformly, nested macros keep their own)."""
     depth = 1
     for k in range(i + 1, last):
         for ch in mlir_lines[k]:
@@ -157,13 +157,11 @@ def _cold_lines(mlir_lines, first: int, last: int, full_blocks: bool = True) -> 
         m = _FAST_IF.match(mlir_lines[i])
         if not m:
             continue
-        ind = m.group(1)
-        j = next(k for k in range(i + 1, last) if mlir_lines[k].startswith(ind + "}"))
-        if not full_blocks and m.group(2).endswith("_fast"):
+        j = _then_end(mlir_lines, i, last)
+        if not full_blocks and m.group(1).endswith("_fast"):
             cold.update(range(i + 1, j))
         elif mlir_lines[j].strip() == "} else {":
-            end = next(k for k in range(j + 1, last) if mlir_lines[k].startswith(ind + "}"))
-            cold.update(range(j + 1, end))
+            cold.update(range(j + 1, _then_end(mlir_lines, j, last)))
     return cold
 
 
