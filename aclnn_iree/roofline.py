@@ -33,7 +33,7 @@ import tempfile
 from .compiler.specs import GRID_DX_CHANNEL_BLOCK
 from .compiler.targets import CPU_ARCH_ENV
 
-__all__ = ["PARTS", "Part", "kernel_assembly", "part_lines", "part_instructions", "throughput_cycles",
+__all__ = ["PARTS", "Part", "kernel_assembly", "part_lines", "pixel_width", "part_instructions", "throughput_cycles",
            "case_roofline", "mca_cpu", "run_roofline"]
 
 CHANNEL_BLOCK = GRID_DX_CHANNEL_BLOCK  # channels per slot vector
@@ -103,10 +103,10 @@ def _function_span(lines, func: str) -> tuple:
     return start, end
 
 
-def part_lines(mlir_lines, part: Part, full_blocks: bool = True) -> list:
-    """The 1-based MLIR source lines of `part`, less the masked forms' branches (cold).
-    Raises ValueError when the template no longer has the markers (then PARTS needs
-    updating)."""
+def part_lines(mlir_lines, part: Part, full_blocks: bool = True, width: int = CHANNEL_BLOCK) -> list:
+    """The 1-based MLIR source lines of `part`, less the masked forms' branches (cold) and
+    the dx taps' forms for slot pixels other than `width` lanes (pixel_width).  Raises
+    ValueError when the template no longer has the markers (then PARTS needs updating)."""
     lo, hi = _function_span(mlir_lines, part.func)
 
     def find(pattern, frm):
@@ -117,7 +117,7 @@ def part_lines(mlir_lines, part: Part, full_blocks: bool = True) -> list:
 
     first = find(part.start, find(part.after, lo))
     last = find(part.end, first + 1)
-    cold = _cold_lines(mlir_lines, first, last, full_blocks)
+    cold = _cold_lines(mlir_lines, first, last, full_blocks, width)
     return [n + 1 for n in range(first, last) if n not in cold]
 
 
@@ -132,6 +132,19 @@ _FAST_IF = re.compile(r"^\s*(?:%\w+ = )?scf\.if %(v_\w+_u|xf\d+|\w+_sf|\w+_lf|\w
 # the table (a part that starts at such an if counts its body).
 _RARE_IF = re.compile(r"^\s*(?:%\w+ = )?scf\.if %need_coords(?: -> \(.*\))? \{")
 
+# ... and the dx taps' branch on the slot pixel's width (islot_points: `scf.if %cs_is<w>`, the
+# narrower forms in its else branch): a case runs the one form of its width.
+_WIDTH_IF = re.compile(r"^\s*scf\.if %cs_is(\d+) \{")
+
+
+def pixel_width(channels: int) -> int:
+    """The lanes of a slot pixel for `channels` channels (the template's %pxs): the power of
+    two at or above min(channels, CHANNEL_BLOCK)."""
+    w = 1
+    while w < min(channels, CHANNEL_BLOCK):
+        w *= 2
+    return w
+
 
 def _then_end(mlir_lines, i: int, last: int) -> int:
     """The line of the brace that closes the region opened at the end of line i (by brace
@@ -145,12 +158,21 @@ def _then_end(mlir_lines, i: int, last: int) -> int:
     raise ValueError(f"no end of the region opened at line {i + 1}")
 
 
-def _cold_lines(mlir_lines, first: int, last: int, full_blocks: bool = True) -> set:
+def _cold_lines(mlir_lines, first: int, last: int, full_blocks: bool = True, width: int = CHANNEL_BLOCK) -> set:
     """0-based lines in [first, last) of the else branches of the fast-path ifs and of the
     then branches of the rare ones.  Without `full_blocks` (fewer than 8 channels: no
-    block has 8), the `..._fast` branches, whole groups of full blocks, are the cold ones."""
+    block has 8), the `..._fast` branches, whole groups of full blocks, are the cold ones.
+    Of the width branches, all but the `width` form."""
     cold = set()
     for i in range(first, last):
+        w = _WIDTH_IF.match(mlir_lines[i])
+        if w:
+            j = _then_end(mlir_lines, i, last)
+            if int(w.group(1)) > width:
+                cold.update(range(i + 1, j))
+            elif mlir_lines[j].strip() == "} else {":
+                cold.update(range(j + 1, _then_end(mlir_lines, j, last)))
+            continue
         if _RARE_IF.match(mlir_lines[i]) and i > first:
             cold.update(range(i + 1, _then_end(mlir_lines, i, last)))
             continue
@@ -251,7 +273,7 @@ def case_roofline(case, spec, workdir: str) -> list:
             continue
         if part.modes and spec.interpolation_mode not in part.modes:
             continue
-        lines = part_lines(mlir, part, full_blocks=C >= CHANNEL_BLOCK)
+        lines = part_lines(mlir, part, full_blocks=C >= CHANNEL_BLOCK, width=pixel_width(C))
         cyc = throughput_cycles(part_instructions(asm, part.func, lines), mca_cpu())
         out.append((part.name, cyc, cyc * _trips(part, case.shape) / (N * Ho * Wo)))
     return out

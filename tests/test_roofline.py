@@ -27,7 +27,7 @@ DEFINING = {
     "slot fill (input, interleaved)": r"%xe\d+ = vector\.extract",
     "coordinates (per 8 points)": r"%gt_t = vector\.transpose",
     "nearest: coordinates to the table (per 8 points, once per image)": r"%nt_v = arith\.select",
-    "dx taps": r"vector\.store %v_\w+_n, %islot",
+    "dx taps": r"vector\.store %v_\w+_s, %islot",
     "grid-gradient taps": r"%l_\w+ = memref\.load %ltab_f",
     "slot to dx (transpose)": r"%to_t = vector\.transpose",
     "grid gradient: block sums": r"%nsx = arith\.addf",
@@ -53,9 +53,8 @@ def test_every_part_is_found_and_holds_its_ops(mode):
         assert not any("func.func" in t for t in text), part.name
         if part.name == "coordinates (per 8 points)" and mode == "nearest":  # the table's job
             assert not any("%pxr_cc" in t for t in text)
-        if part.name == "dx taps":
-            assert not any("vector.maskedstore %islot" in t for t in text)
-            assert any("vector.maskedstore %islot" in mlir[n] for n in range(lines[0], lines[-1]))
+        if part.name == "dx taps":  # no masks: a slot pixel's lanes are whole vectors
+            assert not any("vector.maskedstore %islot" in t or "vector.maskedload %islot" in t for t in text)
 
 
 def test_slot_to_dx_counts_the_form_the_channels_take():
@@ -69,6 +68,22 @@ def test_slot_to_dx_counts_the_form_the_channels_take():
     assert not any("%tol0_l = vector.load %islot" in t for t in full)
     assert any("%tol0_l = vector.load %islot" in t for t in few)
     assert not any("%tf_r0 = vector.load %islot" in t for t in few)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_dx_taps_count_the_form_of_the_slot_pixel_width(mode):
+    """The dx taps have a form per slot pixel width (1, 2, 4 or 8 lanes: the power of two
+    at or above the block's channels); a case counts the one its channels run, whose slot
+    accesses are all of that width."""
+    mlir = _mlir(mode)
+    part = next(p for p in roofline.PARTS if p.name == "dx taps")
+    assert [roofline.pixel_width(c) for c in (1, 2, 3, 4, 5, 7, 8, 9, 64)] == [1, 2, 4, 4, 8, 8, 8, 8, 8]
+    for width in (1, 2, 4, 8):
+        text = [mlir[n - 1] for n in roofline.part_lines(mlir, part, full_blocks=width == 8, width=width)]
+        rmw = [t for t in text if re.search(r"vector\.(load|store) .*%islot", t)]
+        taps = 16 if mode == "bicubic" else 1 if mode == "nearest" else 4
+        assert len(rmw) == 2 * taps, (width, rmw)
+        assert all(t.endswith(f"vector<{width}x!acc>") for t in rmw), (width, rmw)
 
 
 def test_a_template_without_the_markers_is_an_error():
