@@ -123,8 +123,10 @@ def part_lines(mlir_lines, part: Part, full_blocks: bool = True, width: int = CH
 
 # The scf.if conditions of the unmasked fast paths (templates/_grid_sampler_cpu.mlir.j2 and
 # common.store_vec / load_vec): their else branches, the masked forms, run only at a slot's or
-# a row's end.  (slot_load's outer branch on cw == 8 is counted on both sides: a case runs one.)
-_FAST_IF = re.compile(r"^\s*(?:%\w+ = )?scf\.if %(v_\w+_u|xf\d+|\w+_sf|\w+_lf|\w+_lin|\w+_fast)(?: -> \(.*\))? \{")
+# a row's end, and the packed slot pixels (%exact's else branch) only where the host found no
+# room for the aligned ones.  (slot_load's outer branch on cw == 8 is counted on both sides: a
+# case runs one.)
+_FAST_IF = re.compile(r"^\s*(?:%\w+ = )?scf\.if %(v_\w+_u|xf\d+|\w+_sf|\w+_lf|\w+_lin|\w+_fast|exact)(?: -> \(.*\))? \{")
 
 
 # ... and those whose then branch is the rare one: nearest computes a point's coordinates in

@@ -291,13 +291,14 @@ def test_grid_sampler_valid_arguments_succeed():
     args["outputMask"] = A.aclCreateBoolArray([True, False])
     status, ws_dx, _ = _gs_call(args)
     # dx alone: the CPU accumulation slots, H*W pixels x min(C, 8) interleaved channels
-    # each, one per worker thread at most, no more than the blocks of 8 channels, and as
-    # many as fit in the largest input's bytes counted in IREE's 64-byte units (it rounds
-    # a transient allocation up to 64 bytes): here x is 2*3*4*5 floats (480 B: 448 B in
-    # whole units), a slot 4*5*3 floats (240 B), and there are 2 blocks (N = 2).  The
-    # pass's grid-gradient output, not computed here, is an empty placeholder that takes
-    # no memory.
-    slots = min(2, _local_task_workers(), 448 // 240) * 4 * 5 * 3 * 4
+    # each (at a stride of the power of two at or above it: 4 for 3 channels), one per
+    # worker thread at most, no more than the blocks of 8 channels, and as many as fit in
+    # the largest input's bytes counted in IREE's 64-byte units (it rounds a transient
+    # allocation up to 64 bytes): here x is 2*3*4*5 floats (480 B: 448 B in whole units),
+    # a slot 4*5*4 floats (320 B), and there are 2 blocks (N = 2).  The pass's
+    # grid-gradient output, not computed here, is an empty placeholder that takes no
+    # memory.
+    slots = min(2, _local_task_workers(), 448 // 320) * 4 * 5 * 4 * 4
     assert status == SUCCESS and ws_dx == -(-slots // 64) * 64
 
 

@@ -325,17 +325,23 @@ def test_offsets_are_64_bit(spec):
               or re.search(r"flow\.dispatch|^\s*: \(i32, i32, i32, i32, i32, i32,", line)
               or re.search(r"^\s*: \(i32, i32, i32, i32, tensor<\?x\?x\?x\?x2x!ct>", line)  # the block sum
               # the block pass's flags: constants, and a bit test of the seventh push constant
-              or re.search(r"^\s*%(kflags|c[012]_i32) = arith\.constant [0-3] : i32$", line)
+              or re.search(r"^\s*%(kflags0|c[012]_i32) = arith\.constant [0-3] : i32$", line)
               or re.search(r"^\s*%kf_d[xg] = arith\.andi %kf, %c[12]_i32 : i32$", line)
               or re.search(r"^\s*%with_d[xg] = arith\.cmpi ne, %kf_d[xg], %c0_i32 : i32$", line)
               # the flags and @dgrid_final's choice as the host picks them (islot_count)
               or re.search(r"^\s*%(kf_all|kf_dx|kf_dg|kf_none|use[01]) = arith\.constant [0-3] : i32$", line)
-              or re.search(r"^\s*%(kflags|usei) = arith\.select %fits, %\w+, %\w+ : i32$", line)
+              or re.search(r"^\s*%(kflags0|usei) = arith\.select %fits, %\w+, %\w+ : i32$", line)
               # nearest's table flag (8): set by the host where the table fits, tested by the pass
               or re.search(r"^\s*%(c8_i32|kf_tab) = arith\.constant (8|9) : i32$", line)
               or re.search(r"^\s*%kf_tab = arith\.andi %kf, %c8_i32 : i32$", line)
               or re.search(r"^\s*%use_tab = arith\.cmpi ne, %kf_tab, %c0_i32 : i32$", line)
-              or re.search(r"^\s*%kflags = arith\.select %fits_t, %kf_tab, %kf_dx : i32$", line)
+              or re.search(r"^\s*%kflags0 = arith\.select %fits_t, %kf_tab, %kf_dx : i32$", line)
+              # the packed slot pixels' flag (16): set by the host, tested by the pass
+              or re.search(r"^\s*%(c16_i32|kf_pk|kf_p2) = arith\.constant (16|0) : i32$", line)
+              or re.search(r"^\s*%kf_st = arith\.select %use_p2, %kf_p2, %kf_pk : i32$", line)
+              or re.search(r"^\s*%kflags = arith\.ori %kflags0, %kf_st : i32$", line)
+              or re.search(r"^\s*%kf_pk = arith\.andi %kf, %c16_i32 : i32$", line)
+              or re.search(r"^\s*%packed = arith\.cmpi ne, %kf_pk, %c0_i32 : i32$", line)
               # @dgrid_final point-parallel with no block pass before it: no blocks, by points
               or re.search(r"^\s*%(NBi|usei) = arith\.constant 0 : i32$", line)
               or re.search(r"^\s*%use_part = arith\.cmpi ne, %kuse, %c0_i32 : i32$", line)

@@ -69,7 +69,8 @@ def _arrays(rng, shape, dtype):
 
 def _whole_plane_bytes(shape, dtype, mode, mask):
     """The least workspace of the whole-plane pass: one slot (a dx half for dx, an input half
-    for the partial grid-gradient sums, H*W*min(C, 8) accumulator values each) and the
+    for the partial grid-gradient sums, H*W*min(C, 8) accumulator values each where packed,
+    more where aligned: test_slot_pixels_aligned_where_as_many_slots_fit_else_packed) and the
     partial sums (2 compute-type values per output point and block of 8 channels, in
     64-byte units; none where both outputs take dx alone beside the point-parallel grid
     gradient: SPLIT_POINTS_CHANNELS).  A banded call's workspace is below it: at most the
@@ -137,6 +138,41 @@ def test_banded_and_point_parallel_passes_keep_the_bound_and_the_bits(shape, dty
     # (nearest computes dx alone, whose slot can fit where the two-output one would not).
     assert batch in (True, None)
     assert single is (None if batch is None else False) or mode == 1
+
+
+def _local_workers():
+    """The worker threads of the local-task device as phase 1 counts its slots: dx alone of
+    64 one-channel 8 x 8 images has room for 64 slots of 256 B (1 lane a pixel)."""
+    go, x, grid = _arrays(np.random.default_rng(0), (64, 1, 8, 8, 8, 8), np.float32)
+    ws = _workspace(go, x, grid, 0, 0, False, (True, False))
+    assert ws % 256 == 0
+    return ws // 256
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_slot_pixels_aligned_where_as_many_slots_fit_else_packed(mode):
+    """dx alone of 3 channels: a slot pixel takes 4 lanes (aligned whole vectors) where as
+    many whole-plane slots fit as at 3 lanes, else 3 (packed).  One 16 x 16 image fits one
+    slot in its input's 3072 bytes only packed; a batch of 4 (12288 bytes) fits 3 aligned
+    slots of 4096 bytes or 4 packed ones, so with up to 3 workers (a slot each) it takes
+    aligned ones (nearest, whose slots hold a pixel table too, fits 2 packed slots with
+    theirs or one aligned).  Both strides give the single image's bits (each (block, image)
+    is computed on its own)."""
+    shape = (1, 3, 16, 16, 16, 16)
+    go, x, grid = _arrays(np.random.default_rng(7), shape, np.float32)
+    mask = (True, False)
+    assert _workspace(go, x, grid, mode, 0, False, mask) == 16 * 16 * 3 * 4  # packed, one slot
+    one = api.grid_sampler_2d_backward(go, x, grid, mode, 0, False, output_mask=mask, device=DEVICE)[0]
+    big = [np.concatenate([a] * 4) for a in (go, x, grid)]
+    workers = _local_workers()
+    if mode == 1:  # each nearest slot also holds its 256 points' pixel table (2048 bytes)
+        want = 4096 + 2048 if workers == 1 else 2 * (3072 + 2048)
+    else:
+        want = workers * 4096 if workers <= 3 else 4 * 3072
+    assert _workspace(*big, mode, 0, False, mask) == want
+    four = api.grid_sampler_2d_backward(*big, mode, 0, False, output_mask=mask, device=DEVICE)[0]
+    for k in range(4):
+        np.testing.assert_array_equal(four[k:k + 1].view(np.uint32), one.view(np.uint32))
 
 
 @settings(max_examples=120, deadline=None)
