@@ -175,6 +175,48 @@ def test_slot_pixels_aligned_where_as_many_slots_fit_else_packed(mode):
         np.testing.assert_array_equal(four[k:k + 1].view(np.uint32), one.view(np.uint32))
 
 
+_EMPTY_PLANE_SCRIPT = """
+import json, sys
+import numpy as np
+from aclnn_iree.compiler.specs import GridSamplerSpec
+from aclnn_iree.runtime.device import get_device
+from aclnn_iree.runtime.kernels import load_module
+from aclnn_iree.tensors import view_over
+dev = get_device("local-task")
+out = []
+for mode in ("bilinear", "nearest", "bicubic"):
+    spec = GridSamplerSpec(mode, "zeros", False, "float32")
+    module = load_module(dev, spec)
+    for suffix, outs in (("", (1, 2)), ("_dx", (1,)), ("_dgrid", (2,))):
+        kernel = module.kernel(spec.kernel_name + suffix)
+        for shapes in json.loads(sys.argv[1]):
+            shapes = [tuple(s) for s in shapes]
+            views = [view_over(dev.upload(np.zeros(s, np.float32)), s, np.float32)
+                     for s in shapes + [shapes[k] for k in outs]]
+            out.append([mode + suffix, max(4 * int(np.prod(s)) for s in shapes), kernel.workspace_size(views)])
+print(json.dumps(out))
+"""
+
+
+def test_workspace_query_of_an_empty_plane_answers():
+    """An app that embeds the modules may ask the `_transients_size` companion about an empty
+    input or output plane (H * W = 0 or H_out * W_out = 0; our Python layers zero-fill those
+    without a kernel): it answers within the bound, and does not divide by zero (which
+    killed the process with SIGFPE before the slot-size guard)."""
+    import json
+    import subprocess
+    import sys
+    shapes = [[[1, 3, 4, 4], [1, 3, 0, 5], [1, 4, 4, 2]], [[1, 3, 0, 4], [1, 3, 5, 5], [1, 0, 4, 2]],
+              [[2, 8, 3, 0], [2, 8, 6, 7], [2, 3, 0, 2]]]  # grad_output, input, grid
+    proc = subprocess.run([sys.executable, "-c", _EMPTY_PLANE_SCRIPT, json.dumps(shapes)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(rows) == 3 * 3 * len(shapes)
+    for name, largest, ws in rows:
+        assert 0 <= ws <= max(largest, ALIGN), (name, largest, ws)
+
+
 @settings(max_examples=120, deadline=None)
 @given(N=st.integers(1, 2), C=st.integers(1, 11), H=st.integers(1, 40), W=st.integers(1, 40),
        Ho=st.integers(1, 24), Wo=st.integers(1, 24), dtype=st.sampled_from(DTYPES),
