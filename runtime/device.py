@@ -1,6 +1,7 @@
 """IREE devices, one per driver name, created on first use and shared by all threads."""
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 
@@ -78,7 +79,16 @@ class Device:
         self.instance = self.config.vm_instance
         self.hal_module = rt.create_hal_module(self.instance, self.hal)
         self.allocator = self.hal.allocator
+        self._cuda_context = _current_cuda_context() if base == "cuda" else None
         self.placeholder = self.allocate(1)
+
+    def _enter_thread(self):
+        """Makes this device's CUDA context current on the calling thread.  IREE 3.13's cuda
+        allocator uses the thread's current context, which only the thread that created the
+        device has: on any other thread allocations failed with CUDA_ERROR_INVALID_CONTEXT
+        (seen on an H200, first GPU run).  A no-op for the other drivers."""
+        if self._cuda_context is not None:
+            _set_cuda_context(self._cuda_context)
 
     def check_usable(self):
         """Raises DeviceUnavailable when this device was made by another process: a forked
@@ -91,6 +101,7 @@ class Device:
 
     def allocate(self, nbytes: int) -> rt.HalBuffer:
         """A device buffer of `nbytes` bytes (at least 1) that the host can map."""
+        self._enter_thread()
         return self.allocator.allocate_buffer(
             memory_type=rt.MemoryType.DEVICE_LOCAL,
             allowed_usage=rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING,
@@ -100,6 +111,7 @@ class Device:
         """A device buffer holding a copy of the C-contiguous `array`."""
         if array.nbytes == 0:
             return self.allocate(1)
+        self._enter_thread()
         return self.allocator.allocate_buffer_copy(
             memory_type=rt.MemoryType.DEVICE_LOCAL,
             allowed_usage=rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING,
@@ -120,6 +132,37 @@ class Device:
 
     def __repr__(self):
         return f"Device({self.name!r})" if self.threads is None else f"Device({self.name!r}, threads={self.threads})"
+
+
+_cuda_thread = threading.local()  # .context: the CUDA context this thread last made current
+
+
+def _libcuda():
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def _current_cuda_context():
+    """The calling thread's current CUDA context (a handle), or the primary context of device 0
+    (which IREE's cuda driver and PyTorch share) when none is current; None without libcuda."""
+    try:
+        lib = _libcuda()
+    except OSError:
+        return None
+    ctx = ctypes.c_void_p()
+    if lib.cuCtxGetCurrent(ctypes.byref(ctx)) == 0 and ctx.value:
+        return ctx.value
+    dev = ctypes.c_int()
+    if lib.cuInit(0) or lib.cuDeviceGet(ctypes.byref(dev), 0) or lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev):
+        return None
+    return ctx.value
+
+
+def _set_cuda_context(context):
+    """Makes `context` current on this thread unless it already is (one ctypes call a thread)."""
+    if getattr(_cuda_thread, "context", None) == context:
+        return
+    _libcuda().cuCtxSetCurrent(ctypes.c_void_p(context))
+    _cuda_thread.context = context
 
 
 _devices: dict = {}

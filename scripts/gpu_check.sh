@@ -51,20 +51,25 @@ from aclnn_iree.runtime.device import get_device
 print("== aclnn_iree from", aclnn_iree.__file__, "| torch", torch.__version__, "cuda", torch.cuda.is_available())
 print("== IREE device:", get_device(os.environ["DEV"]).hal)
 PY
+# GPU_CHECK_LOG=FILE: every step's whole output goes there too (the console gets each one's tail).
+LOG="${GPU_CHECK_LOG:-/dev/null}"
 run() {  # name, timeout (s), command...
     local name="$1" limit="$2"; shift 2
-    echo "== $name"
-    timeout "$limit" "$@" 2>&1 | tail -25
+    echo "== $name" | tee -a "$LOG"
+    timeout "$limit" "$@" 2>&1 | tee -a "$LOG" | tail -25
     local rc=${PIPESTATUS[0]}
     [ "$rc" -eq 0 ] || { echo "== $name: FAILED (exit $rc)"; failed=1; }
 }
-# -x: stop at the first failure; compile-only tests are deselected (the modules came built).
+# JAX (where installed) must not take three quarters of the GPU's memory at its first use.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+# --maxfail: one device-time slot should show every kind of failure, not only the first;
+# compile-only tests are deselected (the modules came built).
 run "numerical suites on $DEV (the CPU is the cross-device reference)" 210 \
-    env ACLNN_IREE_TEST_DEVICES=$DEV $PY -m pytest -q -x -p no:cacheprovider --rootdir "$REPO" \
+    env ACLNN_IREE_TEST_DEVICES=$DEV $PY -m pytest -q -rf --maxfail=30 -p no:cacheprovider --rootdir "$REPO" \
     "$REPO/tests/test_devices.py" "$REPO/tests/test_grid_sampler.py" "$REPO/tests/test_dtypes.py" \
-    -k "not artifact_compiles and not artifacts_compile and not test_named_gpu_arch"
+    -k "not artifact_compiles and not artifacts_compile and not test_named_gpu_arch and not ptxas"
 run "PyTorch integration on CUDA tensors (DLPack to IREE's cuda device)" 90 \
-    $PY -m pytest -q -x -p no:cacheprovider --rootdir "$REPO" "$REPO/tests/test_torch.py" -k cuda
+    $PY -m pytest -q -x -p no:cacheprovider --rootdir "$REPO" "$REPO/tests/test_torch.py" -rf -k cuda
 # --peers: torch.compile on the same device too (JAX where installed; the lent machines have none).
 run "benchmark on $DEV (PyTorch eager and torch.compile on the same device beside it)" 150 \
     $PY -m aclnn_iree bench --device $DEV --quick --no-compile --repeats 10 --peers
