@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import threading
 
@@ -137,7 +138,9 @@ class Device:
 _cuda_thread = threading.local()  # .context: the CUDA context this thread last made current
 
 
+@functools.cache
 def _libcuda():
+    """NVIDIA's driver library (loaded once); OSError where there is none."""
     return ctypes.CDLL("libcuda.so.1")
 
 
@@ -161,8 +164,8 @@ def _set_cuda_context(context):
     """Makes `context` current on this thread unless it already is (one ctypes call a thread)."""
     if getattr(_cuda_thread, "context", None) == context:
         return
-    _libcuda().cuCtxSetCurrent(ctypes.c_void_p(context))
-    _cuda_thread.context = context
+    if _libcuda().cuCtxSetCurrent(ctypes.c_void_p(context)) == 0:  # else: IREE's own error follows
+        _cuda_thread.context = context
 
 
 _devices: dict = {}

@@ -69,8 +69,8 @@ run "numerical suites on $DEV (the CPU is the cross-device reference)" 210 \
     "$REPO/tests/test_devices.py" "$REPO/tests/test_grid_sampler.py" "$REPO/tests/test_dtypes.py" \
     -k "not artifact_compiles and not artifacts_compile and not test_named_gpu_arch and not ptxas"
 run "PyTorch integration on CUDA tensors (DLPack to IREE's cuda device)" 90 \
-    $PY -m pytest -q -x -p no:cacheprovider --rootdir "$REPO" "$REPO/tests/test_torch.py" -rf -k cuda
-# --peers: torch.compile on the same device too (JAX where installed; the lent machines have none).
+    $PY -m pytest -q -rf -x -p no:cacheprovider --rootdir "$REPO" "$REPO/tests/test_torch.py" -k cuda
+# --peers: torch.compile on the same device too, and JAX where installed (the H200 image has it).
 run "benchmark on $DEV (PyTorch eager and torch.compile on the same device beside it)" 150 \
     $PY -m aclnn_iree bench --device $DEV --quick --no-compile --repeats 10 --peers
 exit $failed
