@@ -241,7 +241,7 @@ def _run(stream, key, storages, phase1, phase2, read):
 
     storages: the call's tensors in aclnn's order (inputs, then outputs), as
     tensors.Storage (a masked-out output without memory: no_storage).  phase1(tensors)
-    returns (status, workspaceSize, executor); read(output Storage) takes a result once
+    returns (status, workspaceSize, executor); read(output Storage, device) takes a result once
     the call has run.  key None: not cached.  Raises AclnnError.
     """
     ex = _cached_executor(key) if key is not None else None
@@ -259,7 +259,7 @@ def _run(stream, key, storages, phase1, phase2, read):
         else:
             _check(phase2(workspace, ex.workspace_size, ex, stream))
         _check(A.aclrtSynchronizeStream(stream))
-        return [read(s) if s.buffer is not None else None for s in outputs]
+        return [read(s, stream.device) if s.buffer is not None else None for s in outputs]
     except AclnnError:
         _forget_failed_stream(stream)
         raise
@@ -293,16 +293,16 @@ def _phase1(dev, storages, phase1):
     return ex
 
 
-def _result(storage):
+def _result(storage, device):
     """An output as an array: the host memory the kernel wrote on CPU devices, else a copy."""
-    return storage.host if storage.host is not None else read_back(storage)
+    return storage.host if storage.host is not None else read_back(storage, device)
 
 
 def run_grid_sampler(stream, storages, interpolation_mode, padding_mode, align_corners, output_mask,
                      deterministic=None, read=_result):
     """aclnnGridSampler2DBackward on `storages` (grad_output, input, grid, grad_input,
     grad_grid; a masked-out output as no_storage), waiting for the result; returns
-    [read(grad_input Storage) or None, read(grad_grid Storage) or None].
+    [read(grad_input Storage, device) or None, read(grad_grid Storage, device) or None].
 
     The Pythonic and torch layers share it.  Raises AclnnError.
     """
@@ -321,7 +321,7 @@ def run_grid_sampler(stream, storages, interpolation_mode, padding_mode, align_c
 
 def run_upsample(stream, storages, output_size, input_size, align_corners, scales_h, scales_w, read=_result):
     """aclnnUpsampleBilinear2dBackwardV2 on `storages` (grad_output, grad_input; scales None:
-    not given), waiting for the result; returns [read(grad_input Storage)].  Raises AclnnError."""
+    not given), waiting for the result; returns [read(grad_input Storage, device)].  Raises AclnnError."""
     try:
         sizes = (_typed(output_size), _typed(input_size))
     except TypeError:  # not sequences: phase 1 says what is wrong

@@ -138,17 +138,17 @@ def view_over(buffer: rt.HalBuffer, shape, dtype) -> rt.HalBufferView:
     return rt.HalBufferView(buffer, shape, element_type(dtype))
 
 
-def read_back(storage: Storage) -> np.ndarray:
-    """A host copy of the memory of `storage` (shape `storage.shape`, dtype `storage.dtype`):
-    its host array's on CPU devices, else mapped from the device buffer."""
+def read_back(storage: Storage, device: Device) -> np.ndarray:
+    """A host copy of the memory of `storage` (shape `storage.shape`, dtype `storage.dtype`)
+    on `device`: its host array's on CPU devices, else Device.download's copy of the device
+    buffer.  Synchronize the stream that wrote it first."""
     if storage.host is not None:
         return storage.host.reshape(storage.shape).copy()
     dtype = np.dtype(storage.dtype)
     nbytes = math.prod(storage.shape) * dtype.itemsize
     if nbytes == 0:
         return np.zeros(storage.shape, dtype)
-    raw = storage.buffer.map().asarray([nbytes], np.dtype(np.uint8))
-    return raw.view(dtype).reshape(storage.shape).copy()
+    return device.download(storage.buffer, nbytes).view(dtype).reshape(storage.shape)
 
 
 def tensor_over(device: Device, array: np.ndarray, fmt: str = "ND") -> "aclTensor":
@@ -223,7 +223,7 @@ class aclTensor:
             raise ValueError("aclTensor was destroyed")
         if self.buffer is None:
             raise ValueError("this aclTensor is a descriptor without storage (a masked-out output)")
-        return read_back(Storage(self.buffer, self.view, self.host, self.shape, self.dtype, self.format))
+        return read_back(Storage(self.buffer, self.view, self.host, self.shape, self.dtype, self.format), self.device)
 
     def __repr__(self):
         state = " destroyed" if self.destroyed else ""
@@ -291,7 +291,7 @@ class aclrtBuffer:
     def __init__(self, device: Device, size: int):
         self.device = device
         self.size = int(size)
-        self.buffer = device.allocate(self.size)
+        self.buffer = device.allocate_mappable(self.size)  # the host may fill it in place
         self.freed = False
 
     def __repr__(self):

@@ -441,6 +441,6 @@ def test_read_back_copies_device_memory(dtype):
     from aclnn_iree.tensors import Storage, read_back
     dev = get_device("local-sync")
     want = np.arange(12, dtype=np.float32).reshape(3, 4).astype(dtype)
-    got = read_back(Storage(dev.upload(want), None, None, (3, 4), dtype, "ND"))
+    got = read_back(Storage(dev.upload(want), None, None, (3, 4), dtype, "ND"), dev)
     assert got.dtype == np.dtype(dtype) and got.tobytes() == want.tobytes()
-    assert read_back(Storage(dev.allocate(1), None, None, (0, 4), dtype, "ND")).shape == (0, 4)
+    assert read_back(Storage(dev.allocate(1), None, None, (0, 4), dtype, "ND"), dev).shape == (0, 4)

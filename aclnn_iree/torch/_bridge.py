@@ -127,10 +127,10 @@ def _reader(targets):
     not write that tensor itself (a CPU tensor computed on a GPU device)."""
     targets = iter(targets)
 
-    def read(storage):
+    def read(storage, device):
         t = next(targets)
         if t.device.type == "cpu" and storage.host is None and t.numel():
-            _numpy_view(t)[...] = read_back(storage)
+            _numpy_view(t)[...] = read_back(storage, device)
         return t
     return read
 
