@@ -372,6 +372,34 @@ def tiny_overhead(device, repeats: int = 200) -> float:
     return 1e6 * _median_time(lambda: grid_sampler_2d_backward(x, x, g, device=name), repeats, warmup=10)
 
 
+# Bytes of one host <-> device transfer timed on GPUs (about the largest suite case's input).
+TRANSFER_BYTES = 8 << 20
+
+
+def transfer_rates(device: str, repeats: int = 10, torch=None) -> dict:
+    """GB/s of a TRANSFER_BYTES upload and download on the GPU `device` (a driver name), as the
+    Pythonic call moves NumPy arrays (Device.upload / download, `staged` or not as the device
+    decides), beside the other kind of kernel memory (mapped where the device stages, and the
+    reverse) and, for cuda, PyTorch's pageable `.cuda()` / `.cpu()` of the same bytes."""
+    host = np.random.default_rng(0).integers(0, 256, TRANSFER_BYTES, dtype=np.uint8)
+    ours = Device(device)
+    rates = {"staged": ours.staged}
+    for kind, dev in (("", ours), ("other_", Device(device, staged=not ours.staged))):
+        buf = dev.upload(host)
+        if dev.download(buf, host.nbytes).tobytes() != host.tobytes():
+            raise RuntimeError(f"the {device} round trip changed the bytes")
+        rates[kind + "upload_gbps"] = host.nbytes / _median_time(lambda: dev.upload(host), repeats) / 1e9
+        rates[kind + "download_gbps"] = host.nbytes / _median_time(lambda: dev.download(buf, host.nbytes),
+                                                                   repeats) / 1e9
+    if torch is not None and device.startswith("cuda") and torch.cuda.is_available():
+        t = torch.from_numpy(host)
+        on_gpu = t.cuda()
+        rates["torch_upload_gbps"] = host.nbytes / _median_time(lambda: (t.cuda(), torch.cuda.synchronize()),
+                                                                repeats) / 1e9
+        rates["torch_download_gbps"] = host.nbytes / _median_time(lambda: on_gpu.cpu(), repeats) / 1e9
+    return rates
+
+
 def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10, json_path=None,
               compile=True, out=print, peers=False) -> dict:
     """Runs the suite and prints the table; returns all results (also written to `json_path`).
@@ -461,6 +489,15 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
         result["thread_scaling"] = scaling
     result["tiny_call_us"] = tiny_overhead(dev)
     out(f"host overhead, Pythonic call on 1x1x4x4: {result['tiny_call_us']:.0f} us")
+    if not is_cpu:
+        r = result["transfers"] = transfer_rates(device, torch=torch)
+        ours, other = ("staged", "mapped") if r["staged"] else ("mapped", "staged")
+        line = (f"host <-> {device} transfers of {TRANSFER_BYTES >> 20} MiB (NumPy arrays): upload "
+                f"{r['upload_gbps']:.2f} GB/s, download {r['download_gbps']:.2f} GB/s ({ours}, as the calls move "
+                f"them); {other}: {r['other_upload_gbps']:.2f} / {r['other_download_gbps']:.2f} GB/s")
+        if "torch_upload_gbps" in r:
+            line += f"; PyTorch .cuda() / .cpu(): {r['torch_upload_gbps']:.2f} / {r['torch_download_gbps']:.2f} GB/s"
+        out(line)
     if compile:
         ct = compile_times(jobs=threads, quick=quick)
         result["compile"] = ct

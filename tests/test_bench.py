@@ -132,3 +132,14 @@ def test_custom_op_overhead_measures_both_paths():
                       "below_autograd_overhead_us"}
     assert min(r["custom_op_us"], r["below_autograd_us"], r["pythonic_us"]) > 0
     assert _bridge.get_cpu_device() == before
+
+
+def test_gpu_transfer_rates_time_both_kinds_of_memory():
+    """On a GPU the bench reports host <-> device rates of both kinds of kernel memory (the
+    one the device uses and the other), each after checking its round trip keeps the bytes."""
+    from conftest import require_device
+    require_device("vulkan")
+    from aclnn_iree.runtime.device import Device
+    r = bench.transfer_rates("vulkan", repeats=2)
+    assert r["staged"] == Device("vulkan").staged
+    assert min(r[k] for k in ("upload_gbps", "download_gbps", "other_upload_gbps", "other_download_gbps")) > 0
