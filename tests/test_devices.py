@@ -79,6 +79,25 @@ def test_gpu_upload_and_download_round_trip(gpu_memory, nbytes):
     assert dev.download(host_filled, nbytes).tobytes() == want.tobytes()
 
 
+def test_staging_pool_lends_a_kept_buffer_again_and_keeps_at_most_its_bound(vulkan):
+    """Staged transfers reuse their pinned host buffers: a size lent before comes back from
+    the pool (no new pinning), two at once get two buffers, and no more than keep_bytes stay
+    idle."""
+    from aclnn_iree.runtime.device import Device, StagingPool, _STAGING_UPLOAD
+    pool = StagingPool(Device(vulkan).allocator, _STAGING_UPLOAD, keep_bytes=3000)
+    with pool.lend(1000) as a:
+        with pool.lend(1000) as b:
+            assert a is not b and a.byte_length() == b.byte_length() == 1000
+    assert pool.idle_bytes == 2000
+    with pool.lend(1000) as c:
+        assert c is b or c is a
+    with pool.lend(2500):
+        pass
+    assert pool.idle_bytes == 2000  # the 2500-byte buffer did not fit the bound
+    with pool.lend(0) as empty:
+        assert empty.byte_length() == 1
+
+
 def test_gpu_transfers_from_many_threads_keep_their_own_bytes(gpu_memory):
     """Uploads and downloads on one device from 8 threads at once: each gets its own bytes
     back (every staged transfer waits on a semaphore of its own)."""
