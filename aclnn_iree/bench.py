@@ -30,7 +30,7 @@ import numpy as np
 
 from . import aclnn as A
 from .api import grid_sampler_2d_backward, upsample_bilinear2d_backward
-from .runtime.device import Device
+from .runtime.device import Device, get_device
 
 __all__ = ["CASES", "Case", "alternating_medians", "compulsory_bytes", "copy_bandwidth", "run_bench"]
 
@@ -382,7 +382,7 @@ def transfer_rates(device: str, repeats: int = 10, torch=None) -> dict:
     decides), beside the other kind of kernel memory (mapped where the device stages, and the
     reverse) and, for cuda, PyTorch's pageable `.cuda()` / `.cpu()` of the same bytes."""
     host = np.random.default_rng(0).integers(0, 256, TRANSFER_BYTES, dtype=np.uint8)
-    ours = Device(device)
+    ours = get_device(device)  # the device the calls use; the other kind of memory gets a device of its own
     rates = {"staged": ours.staged}
     for kind, dev in (("", ours), ("other_", Device(device, staged=not ours.staged))):
         buf = dev.upload(host)

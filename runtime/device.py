@@ -116,19 +116,17 @@ class Device:
         reaches by `upload` and `download`, not by mapping.  A mappable device-local buffer
         is managed memory on CUDA, which the host read and wrote at about 1 GB/s (first GPU
         run, H200), and uncached BAR memory on a discrete Vulkan GPU."""
-        self._enter_thread()
-        return self.allocator.allocate_buffer(
-            memory_type=rt.MemoryType.DEVICE_LOCAL,
-            allowed_usage=_KERNEL_USAGE_GPU if self.staged else _KERNEL_USAGE_HOST,
-            allocation_size=max(int(nbytes), 1))
+        return self._allocate(nbytes, _KERNEL_USAGE_GPU if self.staged else _KERNEL_USAGE_HOST)
 
     def allocate_mappable(self, nbytes: int) -> rt.HalBuffer:
         """Device-local memory the host can also map (`buffer.map()`): what aclrtMalloc gives,
         so that a caller can fill it in place.  Managed memory on CUDA."""
+        return self._allocate(nbytes, _KERNEL_USAGE_HOST)
+
+    def _allocate(self, nbytes: int, usage) -> rt.HalBuffer:
         self._enter_thread()
-        return self.allocator.allocate_buffer(
-            memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=_KERNEL_USAGE_HOST,
-            allocation_size=max(int(nbytes), 1))
+        return self.allocator.allocate_buffer(memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=usage,
+                                              allocation_size=max(int(nbytes), 1))
 
     def upload(self, array: np.ndarray) -> rt.HalBuffer:
         """A buffer from `allocate` holding a copy of `array`.  On a `staged` device the bytes
