@@ -47,7 +47,9 @@ class Part:
     match of `end` after it) and how often it runs: `per` is "point" (each output point
     and channel block), "group" (each 8 points of a row and block), "image_group" (each 8
     points of a row, once per image) or "pixel8" (each 8 input pixels and block); `modes`:
-    the interpolation modes that have it (empty: all)."""
+    the interpolation modes that have it (empty: all); `form`: the grid gradient's form
+    that has it, "slots" (the fused pass's partial sums) or "points" (`<kernel>_points`,
+    few channels: point-parallel in the same pass), or "" (both)."""
 
     name: str
     func: str
@@ -57,11 +59,12 @@ class Part:
     per: str
     needs: str  # "dx", "dgrid" or "any": the gradient the part computes
     modes: tuple = ()
+    form: str = ""
 
 
 PARTS = (
     Part("slot fill (input, interleaved)", "block_pass", r"scf\.for %l = %wid", r"scf\.if %with_dg \{",
-         r"scf\.for %pb0 =", "pixel8", "dgrid"),
+         r"scf\.for %pb0 =", "pixel8", "dgrid", form="slots"),
     Part("coordinates (per 8 points)", "block_pass", r"scf\.for %i = %c0 to %Ho", r"%jrem = ",
          r"scf\.for %jl = ", "group", "any"),
     Part("nearest: coordinates to the table (per 8 points, once per image)", "block_pass",
@@ -70,11 +73,13 @@ PARTS = (
     Part("dx taps", "block_pass", r"scf\.for %jl = ", r"scf\.for %jl = ",
          r"scf\.if %with_dg \{|^      scf\.if %with_dx \{", "point", "dx"),
     Part("grid-gradient taps", "block_pass", r"scf\.for %jl = ", r"scf\.if %with_dg \{",
-         r"^      scf\.if %with_dx \{", "point", "dgrid"),
+         r"scf\.if %pg_now \{", "point", "dgrid", form="slots"),
+    Part("grid gradient, point-parallel (per 8 points)", "block_pass", r"scf\.for %jl = ", r"scf\.if %pg_now \{",
+         r"^      scf\.if %with_dx \{", "group", "dgrid", form="points"),
     Part("slot to dx (transpose)", "block_pass", r"scf\.for %jl = ", r"^      scf\.if %with_dx \{",
          r"^      return", "pixel8", "dx"),
     Part("grid gradient: block sums", "dgrid_final", r"scf\.if %use_part \{", r"scf\.for %j = %c0 to %Wo",
-         r"\} else \{", "point", "dgrid"),
+         r"\} else \{", "point", "dgrid", form="slots"),
 )
 
 
@@ -131,8 +136,10 @@ _FAST_IF = re.compile(r"^\s*(?:%\w+ = )?scf\.if %(v_\w+_u|xf\d+|\w+_sf|\w+_lf|\w
 
 # ... and those whose then branch is the rare one: nearest computes a point's coordinates in
 # the first block of each image it meets (templates: nearest_table), the other blocks read
-# the table (a part that starts at such an if counts its body).
-_RARE_IF = re.compile(r"^\s*(?:%\w+ = )?scf\.if %need_coords(?: -> \(.*\))? \{")
+# the table (a part that starts at such an if counts its body); the point-parallel grid
+# gradient reads a group's taps with vector loads only where they are consecutive pixels
+# (%contig: a smooth grid; the bench's grids are random, so its gathers run).
+_RARE_IF = re.compile(r"^\s*(?:%[\w:]+ = )?scf\.if %(?:need_coords|contig)(?: -> \(.*\))? \{")
 
 # ... and the dx taps' branch on the slot pixel's width (islot_points: `scf.if %cs_is<w>`, the
 # narrower forms in its else branch): a case runs the one form of its width.
@@ -264,17 +271,23 @@ def _trips(part: Part, shape) -> int:
     return N * blocks * per
 
 
+def parts_run(spec, channels: int) -> list:
+    """The PARTS a call with both outputs of GridSamplerSpec `spec` and `channels` channels
+    runs: nearest has no grid gradient, only nearest a table; the grid gradient's form is
+    the one GridSamplerSpec.function_name picks for the channels."""
+    form = "points" if spec.function_name((True, True), channels=channels).endswith("_points") else "slots"
+    mode = spec.interpolation_mode
+    return [p for p in PARTS if not (p.needs == "dgrid" and mode == "nearest") and not (p.modes and mode not in p.modes)
+            and p.form in ("", form)]
+
+
 def case_roofline(case, spec, workdir: str) -> list:
     """[(part name, cycles per pass, cycles per output point of `case`)] for the parts
     bench Case `case` (both outputs) runs."""
     mlir, asm = kernel_assembly(spec, workdir)
     N, C, H, W, Ho, Wo = case.shape
     out = []
-    for part in PARTS:
-        if part.needs == "dgrid" and spec.interpolation_mode == "nearest":
-            continue
-        if part.modes and spec.interpolation_mode not in part.modes:
-            continue
+    for part in parts_run(spec, C):
         lines = part_lines(mlir, part, full_blocks=C >= CHANNEL_BLOCK, width=pixel_width(C))
         cyc = throughput_cycles(part_instructions(asm, part.func, lines), mca_cpu())
         out.append((part.name, cyc, cyc * _trips(part, case.shape) / (N * Ho * Wo)))

@@ -37,10 +37,10 @@ UPSAMPLE_ROW_BYTES = 16384
 # otherwise.  Both give the same bits.  Measured (2 x C x 250 x 370, 2 threads, random grid):
 # C = 1: 2.1 vs 7.1 ms, 8: 6.1 vs 10.9 ms, 16: 23 vs 17 ms (README "Kernel formulations").
 DGRID_POINTS_MAX_CHANNELS = 8
-# Both gradients on CPUs: dx by the block pass alone beside the point-parallel grad_grid pass
-# (`<kernel>_points`: the same bits) from 3 up to this many channels, where the fused pass's
-# grid-gradient taps of a slot of few channels cost more than the gathers (README "Kernel
-# formulations").
+# Both gradients on CPUs: one block pass with a dx-only slot that also computes grad_grid
+# point-parallel from the same coordinates (`<kernel>_points`: the same bits) from 3 up to
+# this many channels, where the fused pass's grid-gradient taps of a slot of few channels
+# cost more than the gathers (README "Kernel formulations").
 SPLIT_POINTS_CHANNELS = range(3, 7)
 # Invocations per workgroup of the GPU forms (a multiple of every subgroup size seen:
 # lavapipe's 8, NVIDIA's 32, AMD's 64).
@@ -150,7 +150,8 @@ class GridSamplerSpec(KernelSpec):
         `deterministic`.  dgrid alone is deterministic everywhere; on CPUs with at most
         DGRID_POINTS_MAX_CHANNELS `channels` it is `..._dgrid_points` (the same bits,
         no workspace), and both outputs with SPLIT_POINTS_CHANNELS `channels` are
-        `<kernel>_points` (dx alone beside the point-parallel grad_grid: the same bits).
+        `<kernel>_points` (one pass: dx through a dx-only slot, grad_grid point-parallel
+        from the same coordinates; the same bits).
         """
         mask = tuple(map(bool, output_mask))
         suffix = {(True, True): "", (True, False): "_dx", (False, True): "_dgrid"}[mask]

@@ -127,6 +127,35 @@ def test_grid_sampler_runs_in_iree_run_module(tmp_path, monkeypatch, function_su
     np.testing.assert_allclose(got[-1], ref_dg, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("function_suffix", ["", "_points", "_dgrid", "_dgrid_points"])
+@pytest.mark.parametrize("shape", [(2, 3, 0, 5), (2, 3, 4, 0), (2, 0, 4, 5)], ids=["H0", "W0", "C0"])
+def test_grid_sampler_writes_a_zero_grad_grid_for_an_empty_input(tmp_path, function_suffix, shape):
+    """An app may call a module with an empty input (C = 0 or H * W = 0; our Python layers
+    zero-fill such calls without a kernel): every function still writes grad_grid, all zeros
+    (no input value depends on the grid), over the caller's storage, which starts at 7.  The
+    fused `_points` pass has no (block, n) pair or band to walk there and writes them apart."""
+    spec = GridSamplerSpec("bilinear", "reflection", False, "float32")
+    st = ArtifactStore(tmp_path / "artifacts")
+    st.build_one(spec, TARGET)
+    vmfb = st.paths(spec, TARGET)["vmfb"]
+    N, C, H, W = shape
+    Ho, Wo = 4, 6
+    rng = np.random.default_rng(3)
+    arrays = {"go": rng.standard_normal((N, C, Ho, Wo)), "x": np.zeros((N, C, H, W)),
+              "grid": rng.uniform(-1.5, 1.5, (N, Ho, Wo, 2)), "dx0": np.zeros((N, C, H, W)),
+              "dg0": np.full((N, Ho, Wo, 2), 7.0)}
+    for name, a in arrays.items():
+        np.save(tmp_path / f"{name}.npy", a.astype(np.float32))
+    both = function_suffix in ("", "_points")
+    storage, outs = (["@dx0.npy", "@dg0.npy"], ["dx.npy", "dg.npy"]) if both else (["@dg0.npy"], ["dg.npy"])
+    # a workspace far above any these shapes ask for (test_workspace_bound: at most the
+    # largest input's bytes, or IREE's 64-byte minimum)
+    got = _run(vmfb, spec.kernel_name + function_suffix, ["@go.npy", "@x.npy", "@grid.npy", *storage, "&65536xi8"],
+               outs, tmp_path)
+    assert got[-1].shape == (N, Ho, Wo, 2)
+    np.testing.assert_array_equal(got[-1], np.zeros((N, Ho, Wo, 2), np.float32))
+
+
 @pytest.mark.skipif(not HAVE_UPSAMPLE, reason="templates/upsample_bilinear2d_backward.mlir.j2 does not exist yet")
 def test_upsample_runs_in_iree_run_module(tmp_path):
     spec = UpsampleSpec(False, "float32", "NCHW")

@@ -342,6 +342,11 @@ def test_offsets_are_64_bit(spec):
               or re.search(r"^\s*%kflags = arith\.ori %kflags0, %kf_st : i32$", line)
               or re.search(r"^\s*%kf_pk = arith\.andi %kf, %c16_i32 : i32$", line)
               or re.search(r"^\s*%packed = arith\.cmpi ne, %kf_pk, %c0_i32 : i32$", line)
+              # the fused grid-gradient flag (32, `<kernel>_points`): set by the host, tested by the pass
+              or re.search(r"^\s*%(c32_i32|kf_pts) = arith\.constant 32 : i32$", line)
+              or re.search(r"^\s*%kflags_r = arith\.ori %kflags, %kf_pts : i32$", line)
+              or re.search(r"^\s*%kf_pg = arith\.andi %kf, %c32_i32 : i32$", line)
+              or re.search(r"^\s*%with_pg = arith\.cmpi ne, %kf_pg, %c0_i32 : i32$", line)
               # @dgrid_final point-parallel with no block pass before it: no blocks, by points
               or re.search(r"^\s*%(NBi|usei) = arith\.constant 0 : i32$", line)
               or re.search(r"^\s*%use_part = arith\.cmpi ne, %kuse, %c0_i32 : i32$", line)

@@ -31,6 +31,7 @@ DEFINING = {
     "grid-gradient taps": r"%l_\w+ = memref\.load %ltab_f",
     "slot to dx (transpose)": r"%to_t = vector\.transpose",
     "grid gradient: block sums": r"%nsx = arith\.addf",
+    "grid gradient, point-parallel (per 8 points)": r"vector\.gather %inp1",
 }
 
 
@@ -55,6 +56,23 @@ def test_every_part_is_found_and_holds_its_ops(mode):
             assert not any("%pxr_cc" in t for t in text)
         if part.name == "dx taps":  # no masks: a slot pixel's lanes are whole vectors
             assert not any("vector.maskedstore %islot" in t or "vector.maskedload %islot" in t for t in text)
+        if part.name == "grid-gradient taps":  # the slot form's taps only
+            assert not any("%pg_now" in t or "vector.gather" in t for t in text)
+        if part.name.startswith("grid gradient, point-parallel"):  # gathers: the bench's grids are random
+            assert not any(re.search(r"%\w+_s = vector\.load %inp\[", t) for t in text)
+
+
+def test_the_parts_follow_the_grid_gradients_form():
+    """Few channels (SPLIT_POINTS_CHANNELS, `<kernel>_points`) run the point-parallel grid
+    gradient inside the block pass, no slot fill, slot taps or block sums; many channels the
+    reverse; nearest neither."""
+    names = lambda mode, c: {p.name for p in roofline.parts_run(specs.GridSamplerSpec(mode, "zeros", False, "float32"), c)}
+    point, slot = "grid gradient, point-parallel (per 8 points)", {"slot fill (input, interleaved)", "grid-gradient taps",
+                                                                 "grid gradient: block sums"}
+    few = min(specs.SPLIT_POINTS_CHANNELS)
+    assert point in names("bilinear", few) and not slot & names("bilinear", few)
+    assert point not in names("bicubic", 64) and slot <= names("bicubic", 64)
+    assert point not in names("nearest", few) and not slot & names("nearest", few)
 
 
 def test_slot_to_dx_counts_the_form_the_channels_take():
