@@ -367,24 +367,43 @@ def test_cuda_artifacts_compile_for_every_mode_padding_and_dtype():
     _check_gpu_build("cuda", specs)
 
 
+# The register spills ptxas reports in all 88 CUDA modules, per arch: (kernel, function, the
+# most bytes spilled), as measured.  Any other spill, or a larger one, fails the test below
+# (the build notes each spill, and records it in the manifest).
+KNOWN_SPILLS = {
+    "sm_80": {("grid_sampler_2d_backward_bicubic_zeros_ac0_f64", "dgrid_points_gpu"): 8,
+              ("grid_sampler_2d_backward_bicubic_zeros_ac0_f64", "dx_atomic"): 16},
+    "sm_90": {},
+}
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cuda_ptx_assembles_with_ptxas(arch):
-    """NVIDIA's own assembler accepts every PTX image of the sample, for the sm_80 it was made
-    for and for sm_90 (an H100/H200 JITs the sm_80 PTX, as ptxas does here); the build
-    no kernel of the sample spills registers."""
+    """NVIDIA's own assembler accepts the PTX of every CUDA module (all 88 specialisations;
+    .ci/run builds them into the suite's cache first, elsewhere they compile here, about 35 s
+    on 2 cores), for the sm_80 it was made for and for sm_90 (an H100/H200 JITs the sm_80
+    PTX, as ptxas does here); no kernel spills registers beyond KNOWN_SPILLS."""
     if shutil.which("ptxas") is None:
         pytest.skip("no ptxas on PATH (NVIDIA's CUDA toolkit)")
     store = ArtifactStore(cache_dir())
     t = get_target("cuda")
-    assert store.build(cuda_sample(), [t], progress=False).failed == []
-    for s in cuda_sample():
+    specs = list(all_specs())
+    assert len(specs) == 88
+    assert store.build(specs, [t], progress=False).failed == []
+    spills = {}
+    for s in specs:
         vmfb = Path(store.paths(s, t)["vmfb"]).read_bytes()
         images = ptx_images(vmfb)
         assert images and all(".target sm_80" in p for p in images), s.kernel_name
         report = ptxas_report(vmfb, arch)  # raises with ptxas's message on an assembly error
-        assert report["arch"] == arch and report["spills"] == [], (s.kernel_name, report["spills"])
+        assert report["arch"] == arch
         entries = [e for e in report["kernels"].values()]
         assert entries and all(0 < e["registers"] <= 255 for e in entries), s.kernel_name
+        for name in report["spills"]:
+            k = report["kernels"][name]
+            spills[(s.kernel_name, name)] = max(k["spill_store_bytes"], k["spill_load_bytes"])
+    known = KNOWN_SPILLS[arch]
+    assert all(key in known and n <= known[key] for key, n in spills.items()), spills
 
 
 def _as_module(ptx: str) -> bytes:
