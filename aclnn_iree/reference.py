@@ -31,7 +31,10 @@ Deviations from PyTorch, all for inputs where PyTorch has no usable answer
 * reflection of huge finite coordinates is computed exactly (``fmod`` by the
   full period ``2*span``) instead of through ``static_cast<int>`` of the
   number of flips, which is undefined behaviour in C++ beyond 2**31.  For
-  ordinary coordinates both give the same result.
+  ordinary coordinates both give the same result.  The unnormalised coordinate
+  it reflects, (g + 1) * size - 1, is rounded once, as the fused multiply-add of
+  PyTorch's vectorised CPU kernel rounds it (its scalar formula rounds twice, which
+  from 2**52 pixels on can flip the reflection's sign).
 * coordinates are clamped before any float -> int conversion; a coordinate
   far outside the image under zeros padding is simply out of bounds.
 """
@@ -71,11 +74,33 @@ _FAR = 8.0
 # grid sampler: coordinate helpers (GridSampler.h)
 # --------------------------------------------------------------------------
 def _unnormalize(coord: np.ndarray, size: int, align_corners: bool):
-    """grid_sampler_unnormalize_set_grad: returns (pixel coordinate, d/dcoord)."""
+    """grid_sampler_unnormalize_set_grad: returns (pixel coordinate, d/dcoord).
+
+    Without align_corners, (coord + 1) * size - 1 is rounded once, as the fused
+    multiply-add of PyTorch's vectorised CPU kernel (and ours) rounds it: two roundings
+    differ by an ulp at most, which from 2**52 pixels on is a pixel or more and can flip
+    a reflection's sign (the parity of its count)."""
     with np.errstate(invalid="ignore", over="ignore"):
         if align_corners:
             return ((coord + 1) / 2) * (size - 1), (size - 1) / 2.0
-        return ((coord + 1) * size - 1) / 2, size / 2.0
+        return _fma_minus_one(coord + 1, size) / 2, size / 2.0
+
+
+def _fma_minus_one(a: np.ndarray, size: int) -> np.ndarray:
+    """a * size - 1 rounded once.  Below 2**52 in magnitude a * size - 1 rounds like
+    round(a * size) - 1 except for an ulp where the product crosses a power of two (a
+    change far below every tolerance here); from 2**52 on, where the 1 is an ulp or
+    less, each value is computed exactly (Fraction) and rounded once."""
+    from fractions import Fraction
+    a = np.asarray(a, dtype=np.float64)
+    p = a * size
+    out = p - 1
+    for i in zip(*np.nonzero(np.isfinite(p) & (np.abs(p) >= 2.0 ** 52))):
+        try:
+            out[i] = float(Fraction(float(a[i])) * size - 1)  # correctly rounded, ties to even
+        except OverflowError:  # beyond the largest double, as the product rounded
+            out[i] = p[i]
+    return out
 
 
 def _clip(ix: np.ndarray, size: int) -> np.ndarray:

@@ -201,6 +201,31 @@ def test_zeros_padding_far_coordinates_are_out_of_bounds():
         assert np.all(gi == 0) and np.all(gg == 0)
 
 
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_reflection_sign_of_huge_coordinates_is_an_exact_count(align_corners):
+    """Bilinear, reflection, float64 coordinates up to 1e300: the sign of the reference's
+    grad_grid equals an exact reflection count with (g + 1) * W - 1 rounded once (the
+    kernels' fused multiply-add; test_grid_sampler's oracle).  Rounded twice, the
+    reference's sign differed at ~1e30 (found by an attack: grid (1e30, 0.3) on a 3 x 3
+    input)."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_grid_sampler import _exact_reflected_dgrid_x
+    rng = np.random.default_rng(21)
+    vals = 10.0 ** rng.uniform(0, 300, 400) * rng.choice([-1, 1], 400)
+    vals = np.concatenate([[1e30, -1e30, 1e16, -1e16, 3.6136936e16], vals])
+    W = 7
+    x = np.tile(np.arange(W, dtype=np.float64), (5, 1)).reshape(1, 1, 5, W)
+    grid = np.stack([vals, np.zeros_like(vals)], -1).reshape(1, 1, -1, 2)
+    go = np.ones((1, 1, 1, len(vals)))
+    _, gg = ref.grid_sampler_2d_backward(go, x, grid, ref.INTERP_BILINEAR, ref.PAD_REFLECTION, align_corners)
+    want = np.array([_exact_reflected_dgrid_x(v, W, align_corners, np.float64) for v in vals])
+    wrong = np.nonzero(gg[0, 0, :, 0] != want)[0]
+    assert len(wrong) == 0, [(vals[i], gg[0, 0, i, 0], want[i]) for i in wrong[:5]]
+    assert np.count_nonzero(want) > len(vals) // 8  # not vacuous
+
+
 # --------------------------------------------------------------------------
 # upsample bilinear 2d
 # --------------------------------------------------------------------------
