@@ -547,6 +547,13 @@ _DDP = """
         ddp(x[half], grid[half]).backward()
         dist.destroy_process_group()
     torch.save([p.grad for p in m.parameters()], out)
+    if world > 1:
+        # Skip interpreter finalization: a gloo worker thread that still holds a finished
+        # allreduce (whose captured autograd state holds a Python object) when it begins
+        # aborts the process ("terminate called without an active exception"), a PyTorch
+        # race (pytorch/pytorch#190489, #179291); DDP keeps the process group alive past
+        # destroy_process_group, so its threads cannot be joined first.
+        os._exit(0)
 """
 
 
