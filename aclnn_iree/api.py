@@ -42,15 +42,23 @@ def _forget_streams():
 # task workers, which costs more than such a call computes (100-250 us each on a 2-core
 # VM; more while PyTorch's OpenMP threads still spin).  PyTorch's parallel_for runs work
 # under its grain size inline for the same reason.  Measured crossovers (2 threads):
-# grid sampler about 1e5, upsample about 5e5 (README "Host overhead").
-INLINE_WORK = {"grid": 65536, "upsample": 262144}
+# grid sampler about 1e5, upsample about 5e5 (README "Host overhead"); an upsample whose
+# axes both keep their size is a copy ("upsample_same": 2 x 32 x 64^2, 2 threads, end to
+# end 99-172 us on local-task, 54 us inline; even at 8 x 64 x 64^2).
+INLINE_WORK = {"grid": 65536, "upsample": 262144, "upsample_same": 1 << 22}
 
 
 def call_device(device: str, op: str, work: int) -> str:
-    """The IREE device that runs a call of `op` ("grid" or "upsample") with `work`
-    elements: local-sync for small calls when `device` is local-task (INLINE_WORK), else
-    `device` itself."""
+    """The IREE device that runs a call of `op` ("grid", "upsample" or "upsample_same")
+    with `work` elements: local-sync for small calls when `device` is local-task
+    (INLINE_WORK), else `device` itself."""
     return "local-sync" if device == "local-task" and work <= INLINE_WORK[op] else device
+
+
+def upsample_kind(grad_output_shape, grad_input_shape) -> str:
+    """The call_device op of an upsample backward: "upsample_same" where grad_output and
+    grad_input have one shape (both axes keep their size: a copy), else "upsample"."""
+    return "upsample_same" if tuple(grad_output_shape) == tuple(grad_input_shape) else "upsample"
 
 
 def thread_stream(device: str):
@@ -446,7 +454,7 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
     if len(isz) == 4 and any(v < 0 for v in isz):
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"input_size has a negative entry: {isz}")
     out_shape = isz if len(isz) == 4 else (0, 0, 0, 0)
-    stream = thread_stream(call_device(device, "upsample", go.size + math.prod(out_shape)))
+    stream = thread_stream(call_device(device, upsample_kind(go.shape, out_shape), go.size + math.prod(out_shape)))
     dev = stream.device
     storages = [_host_storage(dev, "grad_output", go, memory_format),
                 _output_storage(dev, "grad_input", out_shape, go.dtype, memory_format)]

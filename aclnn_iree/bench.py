@@ -66,6 +66,9 @@ CASES = [
     Case("up_mixed_4x32_512x64from128x256", "upsample", (4, 32, 512, 64, 128, 256)),
     Case("up_mixed_2x32_2000x1from1x2000", "upsample", (2, 32, 2000, 1, 1, 2000)),
     Case("up_mixed_nhwc_2x32_2000x1from1x2000", "upsample", (2, 32, 2000, 1, 1, 2000), layout="NHWC"),
+    # interpolate to the size a tensor already has (as segmentation heads do unconditionally):
+    # PyTorch maps both axes onto themselves, and the backward is a copy (`_same_size`)
+    Case("up_same_2x32_64from64", "upsample", (2, 32, 64, 64, 64, 64)),
 ]
 QUICK = {"gs_bilinear_zeros_8x64x64", "gs_bicubic_zeros_4x16x64", "up_x2_8x64_64from128",
          "up_down_2x16_300x400from150x200", "up_x2_nhwc_8x64_64from128"}

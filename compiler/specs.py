@@ -30,6 +30,9 @@ UPSAMPLE_VECTOR_WIDTH = 8
 # Stack buffer of the CPU upsample kernels' H-pass sums: NCHW's row (W_out values; longer
 # rows take a slower path), NHWC's tile of W_out columns x one channel chunk.
 UPSAMPLE_ROW_BYTES = 16384
+# Elements per workgroup chunk of the CPU same-size pass (`<kernel>_same_size`: both axes
+# kept, an elementwise copy): 64-256 KiB, so that a 2-worker device splits even small calls.
+UPSAMPLE_SAME_CHUNK = 16384
 # grad_grid alone on CPUs: the point-parallel pass (dgrid_points: a point per vector lane, the
 # channels walked in order, no workspace) up to this many channels; above, the module's
 # @grid_runs picks it at run time for a smooth grid (vector loads of consecutive taps) and
@@ -210,17 +213,20 @@ class UpsampleSpec(KernelSpec):
     def kernel_name(self) -> str:
         return self._name(self.layout.lower())
 
-    def function_name(self) -> str:
-        """The one exported function (a gather: deterministic on every target, all outputs)."""
-        return self.kernel_name
+    def function_name(self, same_size: bool = False) -> str:
+        """The exported function for a call (a gather: deterministic on every target):
+        `<kernel>_same_size` where neither axis is resized (`same_size`: H == H_out and
+        W == W_out, where PyTorch maps each axis onto itself: one elementwise pass, the same
+        bits), else the window passes."""
+        return self.kernel_name + ("_same_size" if same_size else "")
 
     def function_names(self, target=None) -> tuple:
-        return (self.kernel_name,)
+        return (self.kernel_name, self.kernel_name + "_same_size")
 
     def template_params(self, target=None) -> dict:
         """The template's parameters for `target` (default: a CPU target)."""
         params = self._common_params(target)
-        params.update(layout=self.layout, vector_width=UPSAMPLE_VECTOR_WIDTH,
+        params.update(layout=self.layout, vector_width=UPSAMPLE_VECTOR_WIDTH, same_chunk=UPSAMPLE_SAME_CHUNK,
                       row_cap=UPSAMPLE_ROW_BYTES // (8 if DTYPES[self.dtype].compute == "f64" else 4))
         return params
 

@@ -120,10 +120,12 @@ def test_manifest_has_every_field(built_store):
             assert x["transients_size_function"] == name + "_transients_size"
             # The grid sampler accumulates dx in slots of H*W pixels x min(C, 8) channels, keeps the
             # channel blocks' partial grid-gradient sums, and the upsample its window tables:
-            # these grow with the shapes (None).  Nearest's grad_grid alone (zeros) and the
-            # point-parallel grad_grid pass need no scratch ("0").
-            no_scratch = isinstance(s, GridSamplerSpec) and (
+            # these grow with the shapes (None).  Nearest's grad_grid alone (zeros), the
+            # point-parallel grad_grid pass and the upsample's same-size pass (elementwise) need
+            # no scratch ("0").
+            no_scratch = (isinstance(s, GridSamplerSpec) and (
                 (s.interpolation_mode == "nearest" and name.endswith("_dgrid")) or name.endswith("_dgrid_points"))
+                or name.endswith("_same_size"))
             shape_dependent = not no_scratch
             assert (x["transients_size_constant"] is None) == shape_dependent, name
             size = e["exports"][name + "_transients_size"]

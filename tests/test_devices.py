@@ -14,6 +14,7 @@ import shutil
 import struct
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -148,6 +149,23 @@ def test_grid_sampler_vulkan_agrees_with_cpu(vulkan, mode, pad, ac, deterministi
     b_dx, b_dg = error_bounds(go, x, grid, mode, pad, ac, EPS32)
     _bounded_equal(gpu[0], cpu[0], 2 * b_dx, "grad_input")
     _bounded_equal(gpu[1], cpu[1], 2 * b_dg, "grad_grid")
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_upsample_same_size_vulkan_gives_the_cpu_bits(vulkan, layout):
+    """Both axes keeping their size (`<kernel>_same_size`, an elementwise pass; on GPUs
+    IREE's own dispatch): the CPU's bits, -0.0 made +0.0 (an add of 0.0 there was folded
+    away by Mesa) and infinities and NaN passed through, in every dtype."""
+    rng = np.random.default_rng(4)
+    for dtype in (np.float32, np.float16, ml_dtypes.bfloat16, np.float64):
+        go = rng.standard_normal((2, 3, 37, 41)).astype(dtype)
+        if layout == "NHWC":
+            go = np.ascontiguousarray(go.transpose(0, 2, 3, 1))
+        go.reshape(-1)[[5, 7, 9]] = np.array([-0.0, np.inf, np.nan]).astype(dtype)
+        cpu = api.upsample_bilinear2d_backward(go, (37, 41), go.shape, False, memory_format=layout)
+        gpu = api.upsample_bilinear2d_backward(go, (37, 41), go.shape, False, memory_format=layout, device=vulkan)
+        assert gpu.view(np.uint8).tobytes() == cpu.view(np.uint8).tobytes(), np.dtype(dtype).name
+        assert not np.signbit(cpu.reshape(-1)[5])
 
 
 @pytest.mark.parametrize("ac,layout", list(itertools.product((False, True), ("NCHW", "NHWC"))))

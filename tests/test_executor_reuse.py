@@ -309,6 +309,10 @@ def test_small_calls_run_inline_on_local_sync():
     assert api.call_device("local-task", "upsample", 10) == "local-sync"
     assert api.call_device("vulkan", "upsample", 10) == "vulkan"
     assert api.call_device("local-sync", "grid", 10**9) == "local-sync"
+    # a same-size upsample is a copy: inline up to a larger bound
+    assert api.INLINE_WORK["upsample_same"] > api.INLINE_WORK["upsample"]
+    assert api.upsample_kind((2, 3, 5, 6), (2, 3, 5, 6)) == "upsample_same"
+    assert api.upsample_kind((2, 3, 5, 6), (2, 3, 5, 7)) == "upsample"
 
 
 @pytest.mark.parametrize("mode,pad,ac", [(0, 0, False), (1, 1, True), (2, 2, False), (0, 2, True)])
@@ -316,7 +320,7 @@ def test_inline_and_threaded_runs_agree_bitwise(mode, pad, ac, monkeypatch):
     """Calls under the inline bound run on local-sync instead of local-task: both devices run
     the same kernels with the same summation order, so the same bits (compared here with the
     bound lowered so that local-task really runs on its workers)."""
-    monkeypatch.setattr(api, "INLINE_WORK", {"grid": -1, "upsample": -1})
+    monkeypatch.setattr(api, "INLINE_WORK", {"grid": -1, "upsample": -1, "upsample_same": -1})
     rng = np.random.default_rng(mode * 7 + pad)
     for C in (3, 17):
         go, x, grid = gs_arrays(N=2, C=C, H=20, W=23, Ho=19, Wo=21, seed=C)
@@ -328,6 +332,8 @@ def test_inline_and_threaded_runs_agree_bitwise(mode, pad, ac, monkeypatch):
     g = rng.standard_normal((2, 8, 61, 47)).astype(np.float32)
     assert_bitwise(api.upsample_bilinear2d_backward(g, (61, 47), (2, 8, 30, 20), ac, device="local-sync"),
                    api.upsample_bilinear2d_backward(g, (61, 47), (2, 8, 30, 20), ac, device="local-task"))
+    assert_bitwise(api.upsample_bilinear2d_backward(g, (61, 47), (2, 8, 61, 47), ac, device="local-sync"),
+                   api.upsample_bilinear2d_backward(g, (61, 47), (2, 8, 61, 47), ac, device="local-task"))
 
 
 # ----------------------------------------------------------------------------- grid_runs

@@ -142,7 +142,8 @@ def test_grid_sampler_kernel_names_exact(args, name):
 def test_upsample_kernel_names_exact(args, name):
     spec = UpsampleSpec(*args)
     assert spec.kernel_name == name
-    assert spec.function_names() == (name,)
+    assert spec.function_names() == (name, name + "_same_size")
+    assert spec.function_name(same_size=True) == name + "_same_size"
 
 
 def test_kernel_and_function_names_are_unique():
@@ -382,6 +383,17 @@ def test_upsample_offsets_are_64_bit(spec):
     start = text.index("func.func @axis_table()")
     end = text.index("func.func", start + 1)
     table, rest = text[start:end], text[:start] + text[end:]
+    # The same-size pass's element count travels as two i32 push constants (lo, hi) that
+    # @same_size widens and joins again: the only narrowing outside the table.
+    split = ["%lo = arith.trunci %n64 : i64 to i32", "%hi64 = arith.shrui %n64, %c32_i64 : i64",
+             "%hi = arith.trunci %hi64 : i64 to i32"]
+    for line in split:
+        assert rest.count(line) == 1, line
+        rest = rest.replace(line, "")
+    assert "%c32_i64 = arith.constant 32 : i64" in rest
+    for line in ["%lo = arith.index_castui %k0 : i32 to index", "%hi = arith.index_castui %k1 : i32 to index",
+                 "%hi_s = arith.shli %hi, %c32 : index", "%n = arith.ori %hi_s, %lo : index"]:
+        assert line in rest, line
     _check_64bit_conversions(rest, expect=False)
     convs = FP_TO_INT.findall(table)
     assert convs, "expected the table's float -> int conversions"

@@ -119,6 +119,54 @@ def test_other_forms_give_the_same_bits(what, dtype):
         check_case(UpsampleCase(what, go, in_hw, ac, "NCHW"), dtype)
 
 
+# Both axes keeping their size (PyTorch maps each onto itself, given scales or not): the
+# elementwise same-size pass (`<kernel>_same_size`), in chunks of UPSAMPLE_SAME_CHUNK
+# elements over the workgroups, 16 lanes with a masked tail: shapes of one element, of a
+# partial vector, of several chunks with a tail, and of a plane wider than a chunk.
+SAME_SHAPES = [(1, 1, 1, 1), (2, 3, 5, 6), (3, 17, 33, 29), (1, 2, 1, 9000), (2, 5, 181, 97)]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, F16, BF16], ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
+def test_same_size_is_pytorchs_identity_bit_for_bit(fmt, dtype):
+    """dx = grad_output * 1 + 0.0 (-0.0 becomes +0.0, inf and NaN stay), which for finite
+    values are PyTorch's own bits (its weights 1 and 0 in float32, or float64); the same
+    function is picked by phase 1, without workspace, and the threaded and inline devices
+    agree."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(31)
+    st = np.dtype(dtype)
+    ct = np.float64 if st == np.float64 else np.float32
+    for N, C, H, W in SAME_SHAPES:
+        go = (rng.standard_normal((N, C, H, W)) * 10.0 ** rng.uniform(-4, 4, (N, C, H, W))).astype(dtype)
+        flat = go.reshape(-1)
+        flat[rng.integers(0, flat.size, 2)] = -0.0
+        a = go if fmt == "NCHW" else np.ascontiguousarray(go.transpose(0, 2, 3, 1))
+        isz = (N, C, H, W) if fmt == "NCHW" else (N, H, W, C)
+        tg = torch.from_numpy(go.astype(ct))
+        if fmt == "NHWC":
+            tg = tg.contiguous(memory_format=torch.channels_last)
+        for ac, sc in ((False, None), (True, None), (False, 1.0), (True, 1.0 + 0.5 / max(H, W))):
+            got = api.upsample_bilinear2d_backward(a, (H, W), isz, ac, sc, sc, memory_format=fmt, device=DEVICE)
+            want = torch.ops.aten.upsample_bilinear2d_backward(tg, [H, W], [N, C, H, W], ac, sc, sc).numpy()
+            want = (want if fmt == "NCHW" else want.transpose(0, 2, 3, 1)).astype(dtype)
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8), err_msg=f"{(N, C, H, W)} {ac} {sc}")
+        sync = api.upsample_bilinear2d_backward(a, (H, W), isz, False, memory_format=fmt, device="local-sync")
+        np.testing.assert_array_equal(sync.view(np.uint8), got.view(np.uint8))
+    # infinities and NaN pass through (PyTorch's 0-weight neighbour makes NaN of an infinity)
+    go = np.array([np.inf, -np.inf, np.nan, -0.0, 1.5, -2.0]).astype(dtype).reshape(1, 1, 2, 3)
+    a = go if fmt == "NCHW" else go.transpose(0, 2, 3, 1).copy()
+    got = api.upsample_bilinear2d_backward(a, (2, 3), a.shape, False, memory_format=fmt, device=DEVICE)
+    want = (go.astype(ct) + ct(0)).astype(dtype)
+    want = want if fmt == "NCHW" else want.transpose(0, 2, 3, 1)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    # phase 1 picks the same-size function, with no workspace
+    t_go, t_out = A.aclCreateTensor(a, fmt), A.aclCreateTensor(np.zeros_like(a), fmt)
+    status, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
+        t_go, A.aclCreateIntArray([2, 3]), A.aclCreateIntArray(list(a.shape)), False, 0.0, 0.0, t_out)
+    assert status == 0 and ws == 0 and ex.kernel.name.endswith("_same_size")
+
+
 # (N, C, (H_in, W_in), (H_out, W_out)), each taking the W pass first: H down-sampled 2000x
 # while W is up-sampled 2000x (the H-first order's worst case: H_in * W_out taps per plane;
 # one block per plane computes u once; dx one column wide: for tiles narrower than a vector

@@ -116,7 +116,7 @@ def bind(gradOut, alignCorners, out, layout: str, scales) -> Binding:
         return Binding(zero_fill=(out,))
     spec = UpsampleSpec(bool(alignCorners), dtype_name(gradOut.dtype), layout)
     scales = _scales_tensor(gradOut.device, tuple(scales), _op_math(gradOut.dtype))
-    return Binding(spec, spec.function_name(), (gradOut, scales, out))
+    return Binding(spec, spec.function_name(same_size=gradOut.shape == out.shape), (gradOut, scales, out))
 
 
 @functools.lru_cache(maxsize=256)

@@ -175,7 +175,7 @@ def upsample_backward(name, grad_output, output_size, input_size, align_corners,
     go = grad_output.contiguous(memory_format=fmt)
     N, C, H, W = (int(v) for v in input_size)
     out = torch.empty((N, C, H, W), dtype=go.dtype, device=go.device, memory_format=fmt)
-    run = _Launch(api.call_device(name, "upsample", go.numel() + out.numel()), (go,))
+    run = _Launch(api.call_device(name, api.upsample_kind(go.shape, out.shape), go.numel() + out.numel()), (go,))
     if nhwc:  # the kernels take NHWC as (N, H, W, C) arrays, C fastest
         storages = [run.storage(go.permute(0, 2, 3, 1), "NHWC"), run.storage(out.permute(0, 2, 3, 1), "NHWC", True)]
         isz = (N, H, W, C)
