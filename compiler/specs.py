@@ -14,6 +14,8 @@ from typing import Iterator, Union
 import ml_dtypes
 import numpy as np
 
+from .targets import cpu_isa
+
 __all__ = [
     "DTypeInfo", "DTYPES", "KernelSpec", "GridSamplerSpec", "UpsampleSpec", "Spec",
     "INTERPOLATION_MODES", "PADDING_MODES", "LAYOUTS", "all_specs", "dtype_info",
@@ -111,6 +113,7 @@ class KernelSpec:
         d = DTYPES[self.dtype]
         return dict(kernel_name=self.kernel_name, align_corners=self.align_corners, storage_type=d.storage,
                     compute_type=d.compute, gpu=target is not None and target.is_gpu,
+                    cpu_isa=None if target is not None and target.is_gpu else cpu_isa(),
                     gpu_workgroup=GPU_WORKGROUP_SIZE)
 
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import platform
 import re
 
-__all__ = ["Target", "TARGETS", "target_for_driver", "get_target", "build_args", "CPU_ARCH_ENV"]
+__all__ = ["Target", "TARGETS", "target_for_driver", "get_target", "build_args", "CPU_ARCH_ENV", "cpu_isa"]
 
 # f64 kernels must stay f64: IREE demotes f64 to f32 by default (shared/IREE-NOTES.md).
 _COMMON = ("--iree-input-demote-f64-to-f32=false",)
@@ -95,6 +96,19 @@ def get_target(name: str, arch: str | None = None) -> Target:
 
 
 CPU_ARCH_ENV = "ACLNN_IREE_CPU_ARCH"
+
+
+def cpu_isa() -> str | None:
+    """The instruction set llvm-cpu modules are compiled for: "x86", "aarch64", or None for
+    another.  No target triple is passed, so iree-compile targets the host's (a named
+    `--target-cpu` picks a CPU of that family); the templates save and set its
+    floating-point control register in each CPU dispatch (templates/_common.mlir.j2)."""
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64", "i386", "i686", "x86"):
+        return "x86"
+    if machine in ("aarch64", "arm64"):
+        return "aarch64"
+    return None
 
 
 def target_for_driver(driver: str) -> Target:
