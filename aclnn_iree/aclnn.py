@@ -442,7 +442,7 @@ def replay(executor, storages, workspace, stream):
     ws_buffer = executor.device.placeholder if workspace is None else workspace.buffer
 
     def enqueue(wait, signal):
-        kernel.launch(views, ws_buffer, wait, signal)
+        return kernel.launch_call(views, ws_buffer, wait, signal)
     try:
         stream.submit(enqueue, keep=(storages, executor.own, workspace), estimate=_estimate(executor, kernel, views))
     except Exception as e:
@@ -525,11 +525,11 @@ def _run(op, workspace, workspaceSize, executor, stream) -> int:
         kernel, views, fills, dev = executor.kernel, executor.views, executor.fills, executor.device
         if kernel is not None:
             def enqueue(wait, signal):
-                kernel.launch(views, ws_buffer, wait, signal)
+                return kernel.launch_call(views, ws_buffer, wait, signal)
             estimate = _estimate(executor, kernel, views)
         else:
             def enqueue(wait, signal):
-                dev.queue_fill(fills, wait, signal)
+                return dev.fill_call(fills, wait, signal)
             estimate = None
         try:
             stream.submit(enqueue, keep=(executor.resources, ws_buffer, workspace), estimate=estimate)

@@ -169,18 +169,20 @@ class Device:
         self.hal.queue_copy(source, target, rt.HalFence(0), done)
         done.wait()
 
-    def queue_fill(self, buffers, wait: rt.HalFence, signal: rt.HalFence):
-        """Enqueues zero fills of (buffer, nbytes) pairs, ordered by the fences (none: a barrier)."""
+    def fill_call(self, buffers, wait: rt.HalFence, signal: rt.HalFence):
+        """The call that enqueues zero fills of (buffer, nbytes) pairs, ordered by the fences
+        (none: a barrier), as (function, *arguments) for Timeline.submit."""
         cb = rt.HalCommandBuffer(self.hal, binding_capacity=0, begin=True)
         for buffer, nbytes in buffers:
             if nbytes:
                 cb.fill(buffer, np.zeros(1, np.uint8), 0, nbytes)
         cb.end()
-        self.hal.queue_execute(cb, wait, signal)  # iree-base-runtime 3.13 takes one command buffer
+        return self.hal.queue_execute, cb, wait, signal  # iree-base-runtime 3.13 takes one command buffer
 
     def queue_barrier(self, wait: rt.HalFence, signal: rt.HalFence):
         """Enqueues nothing but the ordering: signals `signal` once `wait` is reached."""
-        self.queue_fill((), wait, signal)
+        fn, *args = self.fill_call((), wait, signal)
+        fn(*args)
 
     def __repr__(self):
         return f"Device({self.name!r})" if self.threads is None else f"Device({self.name!r}, threads={self.threads})"

@@ -132,10 +132,18 @@ class Kernel:
                                    self._args(views, dev.placeholder, rt.HalFence.create_at(sem, 0), signal), out)
         return int(out.get_variant(0))
 
+    def launch_call(self, views, workspace: rt.HalBuffer, wait: rt.HalFence, signal: rt.HalFence):
+        """The call that enqueues this kernel on `views` (to start when `wait` is reached and
+        signal `signal` when done; it returns at once), as (function, *arguments) for
+        Timeline.submit, which makes it."""
+        return (self.module.context.invoke, self.function, self._args(views, workspace, wait, signal),
+                rt.VmVariantList(4))
+
     def launch(self, views, workspace: rt.HalBuffer, wait: rt.HalFence, signal: rt.HalFence):
-        """Enqueues the call: starts when `wait` is reached, signals `signal` when done; returns at once."""
-        out = rt.VmVariantList(4)
-        self.module.context.invoke(self.function, self._args(views, workspace, wait, signal), out)
+        """Enqueues the call now (launch_call, made here); returns at once.  Outside a
+        Timeline nothing signals `signal` if this is interrupted: streams use submit()."""
+        fn, *args = self.launch_call(views, workspace, wait, signal)
+        fn(*args)
 
 
 _modules: dict = {}

@@ -21,6 +21,17 @@ __all__ = ["Timeline"]
 _PRESLEEP_SHARE, _PRESLEEP_MIN_S, _PRESLEEP_MAX_S = 0.8, 1e-3, 1.0
 
 
+class _Ticket:
+    """One submission's state: the value it took (0: none yet) and, non-empty once the work
+    is on the device queue, `queued`."""
+
+    __slots__ = ("value", "queued")
+
+    def __init__(self):
+        self.value = 0
+        self.queued = []
+
+
 class Timeline:
     """Ordered work on one device: one semaphore, a counter, and the objects in flight.
 
@@ -35,10 +46,13 @@ class Timeline:
         self._lock = threading.Lock()
         self._inflight = collections.deque()  # (signal value, objects the work touches), in order
         self._expect = None  # (signal value, launch time, Estimate) of the last timed submission
+        self._owed = collections.deque()  # (_Ticket, why) of interrupted submissions, oldest first
+        self._settle_lock = threading.RLock()
 
     def next_fences(self, keep=()):
         """(wait fence, signal fence, signal value) for the next piece of work, advancing the
-        timeline; `keep` stays referenced until the semaphore reaches the signal value."""
+        timeline; `keep` stays referenced until the semaphore reaches the signal value.  The
+        caller must then queue work that signals it (submit() does, whatever happens)."""
         self._prune()
         with self._lock:
             v = self.value
@@ -50,29 +64,63 @@ class Timeline:
     def submit(self, enqueue, keep=(), estimate=None) -> int:
         """Enqueues one piece of work and returns its signal value without waiting.
 
-        enqueue(wait, signal): puts the work on the device queue (a kernel launch, a
-        fill), to start when `wait` is reached and to signal `signal` when done.
+        enqueue(wait, signal): prepares the work (a kernel launch, a fill) to start when
+        `wait` is reached and to signal `signal` when done, and returns the one call that
+        puts it on the device queue, as (function, *arguments); submit makes that call.
         keep: everything the work touches, referenced until it has run.
         estimate: an object with `.seconds` (how long such work took before, or None)
         and `.record(seconds)`, which lets synchronize() sleep through most of it.
-        If enqueue raises, the timeline still moves past this value (an empty
-        submission in its place, or the signal failed so that later work sees the
-        failure instead of waiting forever) and the exception propagates.
+
+        Whatever is raised, a KeyboardInterrupt from a signal handler at any point included,
+        the value this submission took is signalled: by the work when it reached the queue,
+        else by an empty submission in its place (or, if even that cannot be queued, by
+        failing the timeline, so that later work reports the failure instead of waiting
+        forever); the exception propagates.  Signal handlers run only between bytecodes at
+        calls and backward jumps, so the value is taken and recorded in one statement, and
+        the queueing call and its record are one C call (list.extend over map).
         """
-        wait, signal, value = self.next_fences(keep)
+        if self._owed:
+            self._settle()
+        self._prune()
+        ticket = _Ticket()
         try:
+            with self._lock:
+                v = self.value + 1
+                if keep:
+                    self._inflight.append((v, keep))
+                self.value = ticket.value = v
+            wait = rt.HalFence.create_at(self.semaphore, v - 1)
+            signal = rt.HalFence.create_at(self.semaphore, v)
             launched = time.perf_counter()
-            enqueue(wait, signal)
-        except Exception as e:
-            try:
-                self.device.queue_barrier(wait, signal)
-            except Exception:
-                signal.fail(str(e))
+            fn, *args = enqueue(wait, signal)
+            ticket.queued.extend(map(fn, *([a] for a in args)))
+        except BaseException as e:
+            if ticket.value and not ticket.queued:
+                self._owed.append((ticket, f"{type(e).__name__}: {e}"))
+                self._settle()
             raise
         if estimate is not None:
             with self._lock:
-                self._expect = (value, launched, estimate)
-        return value
+                self._expect = (v, launched, estimate)
+        return v
+
+    def _settle(self):
+        """Signals every value that a submission took and could not queue (see submit), in
+        order, with an empty submission each; fails the timeline where even that cannot be
+        queued.  Interrupted itself, it leaves the rest owed to the next submit or wait."""
+        with self._settle_lock:
+            while self._owed:
+                ticket, why = self._owed[0]
+                if not ticket.queued:
+                    signal = rt.HalFence.create_at(self.semaphore, ticket.value)
+                    try:
+                        fn, *args = self.device.fill_call((), rt.HalFence.create_at(self.semaphore, ticket.value - 1),
+                                                          signal)
+                        ticket.queued.extend(map(fn, *([a] for a in args)))
+                    except Exception as e:
+                        signal.fail(f"{why}; the empty submission in its place failed too: {e}")
+                        ticket.queued.append(None)
+                self._owed.popleft()
 
     def completed(self) -> int:
         """The last value the semaphore has reached (raises if the timeline failed)."""
@@ -89,6 +137,8 @@ class Timeline:
 
     def synchronize(self):
         """Blocks until all work submitted so far has finished (raises if it failed)."""
+        if self._owed:
+            self._settle()
         with self._lock:
             v = self.value
             expect, self._expect = self._expect, None
