@@ -329,6 +329,13 @@ class aclOpExecutor:
         self.resources = (tuple(t.storage for t in self.tensors), tuple(self.views))
         self.fills = [(t.buffer, t.nbytes) for t in self.zero_fill]
 
+    def _refuse_copy(self, *args):
+        raise TypeError("an aclOpExecutor is the handle of one bound call (as in CANN) and cannot be copied "
+                        "or pickled: a copy of a single-use executor would run it twice; call phase 1 again "
+                        "for another")
+
+    __copy__ = __deepcopy__ = __reduce_ex__ = _refuse_copy
+
     def __repr__(self):
         state = "destroyed" if self.destroyed else ("repeatable" if self.repeatable else "single-use")
         return f"aclOpExecutor({self.op}, {state}, workspace={self.workspace_size} bytes)"

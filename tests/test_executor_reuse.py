@@ -450,3 +450,21 @@ def test_read_back_copies_device_memory(dtype):
     got = read_back(Storage(dev.upload(want), None, None, (3, 4), dtype, "ND"), dev)
     assert got.dtype == np.dtype(dtype) and got.tobytes() == want.tobytes()
     assert read_back(Storage(dev.allocate(1), None, None, (0, 4), dtype, "ND"), dev).shape == (0, 4)
+
+
+@pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
+def test_an_executor_cannot_be_copied(stream, how):
+    """A copy of a single-use executor that already ran was accepted by phase 2 again (its
+    `destroyed` flag was the copy's own): copying or pickling one is refused, and the ran
+    executor itself stays refused (561102)."""
+    import copy
+    import pickle
+    go, x, grid = gs_arrays()
+    ts = gs_tensors(go, x, grid)
+    res = gs_phase1(*ts)
+    execute(res, stream, A.aclnnGridSampler2DBackward)
+    ex = res[2]
+    dup = {"copy": copy.copy, "deepcopy": copy.deepcopy, "pickle": pickle.dumps}[how]
+    with pytest.raises(TypeError, match="cannot be copied"):
+        dup(ex)
+    assert A.aclnnGridSampler2DBackward(None, 0, ex, stream) == A.ACLNN_ERR_INNER_NOT_TRANS_EXECUTOR
