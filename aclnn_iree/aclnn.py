@@ -33,12 +33,12 @@ import numpy as np
 
 from . import errors as E
 from .compiler.compile import CompileError, CompilerMissing
-from .compiler.targets import target_for_driver
+from .compiler.targets import CpuArchError, target_for_driver
 from .errors import AclnnError, brief
 from .ops import grid_sampler, upsample
 from .runtime.device import DeviceUnavailable
 from .runtime.kernels import ModuleLoadError, load_module
-from .runtime.store import ArtifactMissing
+from .runtime.store import ArtifactMissing, UnsupportedCpu
 from .tensors import (FORMATS, HOST_ALIGNMENT, Storage, aclBoolArray, aclIntArray, aclrtBuffer, aclrtStream,
                       aclTensor, data_address, empty_aligned, device_of, hal_element_type, host_storage, tensor_over,
                       view_over)
@@ -580,7 +580,7 @@ def _load_kernel(device, spec, function_name):
     """The kernel of a specialisation on a device, with load failures as status codes."""
     try:
         return load_module(device, spec).kernel(function_name)
-    except (ArtifactMissing, CompilerMissing, ModuleLoadError) as e:
+    except (ArtifactMissing, CompilerMissing, ModuleLoadError, UnsupportedCpu, CpuArchError) as e:
         raise AclnnError(E.ACLNN_ERR_INNER_FIND_KERNEL_ERROR, str(e)) from None
     except CompileError as e:
         raise AclnnError(E.ACLNN_ERR_INNER, f"compiling {spec.kernel_name} failed: {e.stderr.strip()[:2000]}") from None
@@ -741,7 +741,15 @@ def aclnnGridSampler2DBackwardGetWorkspaceSize(gradOutput, input, grid, interpol
     deterministic = bool(current_context().options[ACL_OPT_DETERMINISTIC])
     return _executor(grid_sampler.ACLNN_NAME, dev, grid_sampler.bind(
         gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, mask, inputGrad, gridGrad,
-        target_for_driver(dev.name), deterministic), (gradOutput, input, grid), (inputGrad, gridGrad))
+        _target(dev), deterministic), (gradOutput, input, grid), (inputGrad, gridGrad))
+
+
+def _target(dev):
+    """The compile target of the device's modules; a bad ACLNN_IREE_CPU_ARCH is 561003."""
+    try:
+        return target_for_driver(dev.name)
+    except CpuArchError as e:
+        raise AclnnError(E.ACLNN_ERR_INNER_FIND_KERNEL_ERROR, str(e)) from None
 
 
 @_status_call()

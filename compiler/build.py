@@ -22,14 +22,15 @@ import dataclasses
 import json
 import os
 import shlex
+import stat
 import threading
 import time
 import warnings
 
 import filelock
 
-from .compile import compile_file, compiler_build, compiler_version, require_compiler
-from .files import atomic_write, os_error_text, remove_stale_temporaries
+from .compile import compile_file, compiler_build, compiler_version, require_compiler, target_cpu_features
+from .files import atomic_write, os_error_text, read_regular, remove_stale_temporaries
 from .key import artifact_key, host_cpu, sha256_hex
 from .reflect import module_exports, ptxas_report
 from .render import render, template_source
@@ -37,6 +38,8 @@ from .render import render, template_source
 __all__ = ["ArtifactStore", "BuildResult", "target_folder"]
 
 MANIFEST = "manifest.json"
+# A manifest of every module of every target is about 1 MiB; anything past this is not one.
+MANIFEST_MAX_BYTES = 64 << 20
 _manifest_cache: dict = {}  # manifest path -> ((path, inode, mtime_ns, size), parsed manifest)
 _manifest_lock = threading.Lock()
 _process_locks: dict = {}  # store root -> threading.Lock (one writer thread per store and process)
@@ -87,12 +90,13 @@ class ArtifactStore:
         """The manifest ({"artifacts": {id: entry}}); empty when absent or malformed.
 
         A fresh copy each call: callers may change it.  Raises OSError when the file
-        exists but cannot be read (EACCES).
+        exists but cannot be read (EACCES), or is not a regular file of at most
+        MANIFEST_MAX_BYTES (files.read_regular: a FIFO or /dev/zero in its place never
+        blocks or exhausts memory).
         """
         path = os.path.join(self.root, MANIFEST)
         try:
-            with open(path, "rb") as f:
-                m = json.loads(f.read())
+            m = json.loads(read_regular(path, MANIFEST_MAX_BYTES))
         except FileNotFoundError:
             return {"artifacts": {}}
         except ValueError:
@@ -123,7 +127,7 @@ class ArtifactStore:
         """The store's inter-process lock (also exclusive between threads)."""
         os.makedirs(self.root, exist_ok=True)
         return filelock.FileLock(os.path.join(self.root, MANIFEST + ".lock"), thread_local=False,
-                                 mode=0o666)
+                                 mode=self._lock_mode())
 
     def compile_lock(self, spec, target) -> filelock.FileLock:
         """The inter-process lock of one artifact's compile (`<kernel>.vmfb.lock` beside it):
@@ -133,7 +137,15 @@ class ArtifactStore:
         process too (each holds its own descriptor)."""
         path = self.paths(spec, target)["vmfb"] + ".lock"
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        return filelock.FileLock(path, thread_local=False, mode=0o666)
+        return filelock.FileLock(path, thread_local=False, mode=self._lock_mode())
+
+    def _lock_mode(self) -> int:
+        """Lock files take the store's own permissions (its directory's read and write bits):
+        writable by whoever may write the store, and by nobody else."""
+        try:
+            return stat.S_IMODE(os.stat(self.root).st_mode) & 0o666
+        except OSError:
+            return 0o644
 
     def _update_manifest(self, entries: dict):
         """Adds `entries` to the manifest: under the store's lock, re-reading it first, so that
@@ -171,9 +183,11 @@ class ArtifactStore:
         if entry.get("key") != artifact_key(spec, target, render(spec, target), compiler=compiler_version() or
                                             str(entry.get("compiler_version"))):
             return None, "stale", "stale (rendered source, flags, compiler version or host CPU changed)"
-        try:
-            with open(path, "rb") as f:
-                data = f.read()
+        size = entry.get("vmfb_bytes")
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            return None, "corrupt", "its manifest entry records no size (vmfb_bytes)"
+        try:  # a regular file of the recorded size only (files.read_regular)
+            data = read_regular(path, size)
         except OSError as e:
             return None, "unreadable", f"cannot read {path}: {os_error_text(e)}"
         if sha256_hex(data) != entry.get("vmfb_sha256"):
@@ -252,6 +266,8 @@ class ArtifactStore:
             entry["target_cpu"] = target.arch
             if target.arch == "host":
                 entry["host_cpu"] = host_cpu()
+            else:  # what a CPU needs to run it (runtime.store refuses it on one without)
+                entry["cpu_features"] = list(target_cpu_features(target.arch))
         self._update_manifest({self.artifact_id(spec, target): entry})
         return vmfb, entry
 

@@ -85,6 +85,27 @@ def compile_file(path: str, flags) -> tuple:
     return proc.stdout, cmd, cwd
 
 
+@functools.lru_cache(maxsize=None)
+def target_cpu_features(cpu: str) -> tuple:
+    """The LLVM features ("+avx2", ...) that iree-compile enables for the LLVM CPU `cpu`, read
+    from the executable target it makes for a trivial module (about 0.3 s); () when the
+    compiler is missing or does not say.  Recorded in the manifest of modules built for a
+    named CPU, so that a runtime can refuse them on a CPU without those features (a SIGILL
+    otherwise)."""
+    import re
+    try:
+        from iree.compiler.tools.binaries import find_tool
+        from .targets import get_target
+        src = "func.func @f(%a: tensor<4xf32>) -> tensor<4xf32> { return %a : tensor<4xf32> }\n"
+        out = subprocess.run([find_tool("iree-compile"), *get_target("llvm-cpu", cpu).flags,
+                              "--compile-to=executable-sources", "-"], input=src, capture_output=True, text=True,
+                             timeout=120).stdout
+    except Exception:  # noqa: BLE001 - no compiler, a CPU LLVM rejects: nothing recorded
+        return ()
+    m = re.search(r'cpu_features = "([^"]*)"', out)
+    return tuple(f for f in m.group(1).split(",") if f) if m else ()
+
+
 @functools.cache
 def compiler_build() -> str:
     """The first lines of `iree-compile --version` (exact IREE and LLVM revisions), or "" when unavailable."""

@@ -6,9 +6,50 @@ import errno
 import os
 import secrets
 import socket
+import stat
 import time
 
-__all__ = ["atomic_write", "cache_dir", "os_error_text", "remove_stale_temporaries"]
+__all__ = ["atomic_write", "cache_dir", "os_error_text", "read_regular", "remove_stale_temporaries",
+           "NotRegularFile", "TooLarge"]
+
+
+class NotRegularFile(OSError):
+    """A store path that is not a regular file (a FIFO, a device, a directory, a socket)."""
+
+
+class TooLarge(OSError):
+    """A store file larger than its bound (the manifest's recorded size, or a sane maximum)."""
+
+
+def read_regular(path: str, max_bytes: int) -> bytes:
+    """The bytes of the regular file `path`, at most `max_bytes` of them.
+
+    A store is a directory others may write into (or a user may point anywhere), so what
+    is read there is checked on the descriptor actually opened: O_NONBLOCK keeps a FIFO
+    from blocking the open, fstat refuses anything but a regular file (a FIFO, /dev/zero
+    behind a symlink, a directory), and the read stops one byte past `max_bytes` (a file
+    that grows while read is refused too).  Symlinks to regular files are followed.
+    Raises FileNotFoundError, NotRegularFile, TooLarge or another OSError."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+        if st.st_size > max_bytes:
+            raise TooLarge(errno.EFBIG, f"{st.st_size} bytes, more than the {max_bytes} expected", path)
+        chunks, left = [], max_bytes + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        data = b"".join(chunks)
+        if len(data) > max_bytes:
+            raise TooLarge(errno.EFBIG, f"more than the {max_bytes} bytes expected (it grew while read)", path)
+        return data
+    finally:
+        os.close(fd)
 
 
 def cache_dir() -> str:

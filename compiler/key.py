@@ -3,6 +3,7 @@ target (the sha256 of its rendered MLIR, the flags, the compiler version) and, f
 built for this machine's CPU, the CPU's fingerprint."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -53,6 +54,19 @@ def host_cpu() -> dict:
             info["features_from"] = "/proc/cpuinfo"
         _host_cpu_cache = info
     return _host_cpu_cache
+
+
+@functools.lru_cache(maxsize=None)
+def host_feature_table() -> dict:
+    """{LLVM feature name: present} for every feature `iree-cpuinfo` (iree-base-runtime) knows
+    on this CPU (the ISA extensions IREE's CPU code generation can use); {} without the tool."""
+    try:
+        import iree._runtime_libs as libs
+        tool = os.path.join(os.path.dirname(libs.__file__), "iree-cpuinfo")
+        out = subprocess.run([tool], capture_output=True, text=True, timeout=30, check=True).stdout
+    except Exception:  # noqa: BLE001 - no runtime tool: nothing can be checked
+        return {}
+    return {p[0]: p[1] == "1" for p in (ln.split() for ln in out.splitlines()) if len(p) == 2 and p[1] in "01"}
 
 
 def artifact_key(spec, target, source: str | None = None, compiler: str | None = None) -> str:

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import functools
+import io
 import os
 from importlib import resources
 
 import jinja2
 
-from .files import cache_dir
+from .files import cache_dir, read_regular
+
+_BYTECODE_MAX_BYTES = 64 << 20  # the grid sampler's compiled template is about 1 MiB
 
 __all__ = ["render", "template_source", "numbered"]
 
@@ -21,8 +24,11 @@ class _BytecodeCache(jinja2.FileSystemBytecodeCache):
     compiling the template as without a cache."""
 
     def load_bytecode(self, bucket) -> None:
-        try:
-            super().load_bytecode(bucket)
+        try:  # a regular file only, and bounded: a FIFO or /dev/zero there must not block or fill memory
+            data = read_regular(self._get_cache_filename(bucket), _BYTECODE_MAX_BYTES)
+            bucket.load_bytecode(io.BytesIO(data))
+        except FileNotFoundError:
+            pass
         except Exception:  # noqa: BLE001 - a damaged entry (marshal's errors vary): compile again
             bucket.reset()
 

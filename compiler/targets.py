@@ -6,7 +6,7 @@ import os
 import platform
 import re
 
-__all__ = ["Target", "TARGETS", "target_for_driver", "get_target", "build_args", "CPU_ARCH_ENV", "cpu_isa"]
+__all__ = ["Target", "TARGETS", "target_for_driver", "get_target", "build_args", "CPU_ARCH_ENV", "CpuArchError", "cpu_isa"]
 
 # f64 kernels must stay f64: IREE demotes f64 to f32 by default (shared/IREE-NOTES.md).
 _COMMON = ("--iree-input-demote-f64-to-f32=false",)
@@ -98,6 +98,10 @@ def get_target(name: str, arch: str | None = None) -> Target:
 CPU_ARCH_ENV = "ACLNN_IREE_CPU_ARCH"
 
 
+class CpuArchError(ValueError):
+    """ACLNN_IREE_CPU_ARCH holds something that is not an LLVM CPU name."""
+
+
 def cpu_isa() -> str | None:
     """The instruction set llvm-cpu modules are compiled for: "x86", "aarch64", or None for
     another.  No target triple is passed, so iree-compile targets the host's (a named
@@ -124,6 +128,9 @@ def target_for_driver(driver: str) -> Target:
     target = TARGETS[_DRIVER_TO_TARGET[base]]
     cpu = os.environ.get(CPU_ARCH_ENV, "").strip()
     if target.name == "llvm-cpu" and cpu:
+        if not _ARCH_FORMS["llvm-cpu"].fullmatch(cpu):  # it names a store folder: no path may hide in it
+            raise CpuArchError(f"{CPU_ARCH_ENV}={cpu!r} is not an LLVM CPU name (letters, digits and _.+-, "
+                             f"e.g. {_ARCH_EXAMPLES['llvm-cpu']}); unset it to run modules built for this CPU")
         target = dataclasses.replace(target, arch=cpu)
     return target
 

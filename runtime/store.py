@@ -17,14 +17,18 @@ ACLNN_IREE_CPU_ARCH (e.g. x86-64-v3: modules that travel to other machines).
 from __future__ import annotations
 
 import os
+import platform
+import stat
+import warnings
 from pathlib import Path
 
 from ..compiler.build import ArtifactStore, target_folder
 from ..compiler.compile import INSTALL_HINT, compiler_available
 from ..compiler.files import cache_dir  # the per-user cache (or ACLNN_IREE_CACHE), shared with render.py
-from ..compiler.targets import build_args, target_for_driver
+from ..compiler.key import host_cpu, host_feature_table
+from ..compiler.targets import CPU_ARCH_ENV, build_args, target_for_driver
 
-__all__ = ["ArtifactMissing", "is_offline", "load_module_bytes", "prepare", "set_artifacts_dir", "set_offline",
+__all__ = ["ArtifactMissing", "UnsupportedCpu", "is_offline", "load_module_bytes", "prepare", "set_artifacts_dir", "set_offline",
            "search_dirs", "cache_dir", "PROJECT_ARTIFACTS", "default_artifacts_dir"]
 
 
@@ -48,6 +52,34 @@ _offline = None
 
 class ArtifactMissing(FileNotFoundError):
     """Offline mode and no valid artifact for a specialisation: names the paths searched."""
+
+
+class UnsupportedCpu(RuntimeError):
+    """A module built for a named CPU (ACLNN_IREE_CPU_ARCH) needs features this CPU lacks:
+    running it would kill the process with SIGILL."""
+
+
+def _check_runs_here(store, spec, target):
+    """Raises UnsupportedCpu when `spec`'s module in `store`, built for a named CPU, needs
+    features this CPU lacks, as iree-cpuinfo names them (the manifest records the module's
+    features, compiler.compile.target_cpu_features; host builds are keyed to this CPU)."""
+    if target.name != "llvm-cpu" or target.arch == "host":
+        return
+    try:
+        entry = store._entry(spec, target)
+    except OSError:
+        return
+    need = entry.get("cpu_features") if isinstance(entry, dict) else None
+    if not isinstance(need, list):
+        return
+    have = host_feature_table()
+    missing = sorted({f[1:] for f in need if isinstance(f, str) and f.startswith("+") and have.get(f[1:]) is False})
+    if missing:
+        model = host_cpu().get("model") or platform.machine()
+        raise UnsupportedCpu(
+            f"{spec.kernel_name} was built for the CPU {target.arch!r} ({CPU_ARCH_ENV}={target.arch}), which has "
+            f"{', '.join(missing)}; this CPU ({model}) does not, and would stop the process (SIGILL) running "
+            f"it: unset {CPU_ARCH_ENV} (modules for this CPU), or name a CPU this one can run, e.g. x86-64-v3")
 
 
 def set_artifacts_dir(path):
@@ -83,6 +115,26 @@ def search_dirs() -> list:
     return list(dict.fromkeys(dirs))
 
 
+_warned_writable: set = set()
+
+
+def _warn_if_writable_by_others(directory: str):
+    """Warns once per directory when a store others may write into is used: whoever can
+    write there chooses the code this process runs (a shared store should be writable by its
+    owner or group only; a sticky /tmp-like directory is no exception)."""
+    if directory in _warned_writable:
+        return
+    try:
+        mode = os.stat(directory).st_mode
+    except OSError:
+        return
+    if mode & stat.S_IWOTH:
+        _warned_writable.add(directory)
+        warnings.warn(f"artifact store {directory} is writable by every user (mode {stat.S_IMODE(mode):o}): "
+                      f"anyone can replace the code it runs; make it writable by its owner or group only "
+                      f"(chmod o-w)", RuntimeWarning, stacklevel=4)
+
+
 def _no_compile_reason() -> str | None:
     """Why modules cannot compile at run time here (offline, or no compiler), or None."""
     if is_offline():
@@ -95,18 +147,27 @@ def _no_compile_reason() -> str | None:
 def load_module_bytes(spec, device_name: str):
     """(vmfb bytes, target, path) of `spec` for the device `device_name`, following the order above."""
     target = target_for_driver(device_name)
+    data, store = _resolve(spec, target)
+    _check_runs_here(store, spec, target)
+    return data, target, store.paths(spec, target)["vmfb"]
+
+
+def _resolve(spec, target):
+    """(vmfb bytes, the ArtifactStore holding them) of `spec` for `target` (load_module_bytes)."""
     dirs = search_dirs()
     for d in dirs[:-1]:
         st = ArtifactStore(d)
+        _warn_if_writable_by_others(d)
         data = st.lookup(spec, target)
         if data is not None:
-            return data, target, st.paths(spec, target)["vmfb"]
+            return data, st
     cache = ArtifactStore(dirs[-1])
+    _warn_if_writable_by_others(dirs[-1])
     why = _no_compile_reason()
     if why:
         data = cache.lookup(spec, target)
         if data is not None:
-            return data, target, cache.paths(spec, target)["vmfb"]
+            return data, cache
         found = []
         for d in dirs:
             st = ArtifactStore(d)
@@ -116,7 +177,7 @@ def load_module_bytes(spec, device_name: str):
             f"{why}: no valid artifact for {spec.kernel_name} ({target_folder(target)}); looked for "
             + ", ".join(found) + f". Build it first: `aclnn-iree build {build_args(target)}`, here or on a "
             "machine with the compiler (then point ACLNN_IREE_ARTIFACTS at the folder).")
-    return cache.get_or_build(spec, target), target, cache.paths(spec, target)["vmfb"]
+    return cache.get_or_build(spec, target), cache
 
 
 def prepare(specs, device_name: str, jobs: int | None = None, progress: bool = False):

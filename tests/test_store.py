@@ -420,3 +420,135 @@ def test_prepare_compiles_what_no_searched_directory_holds_into_the_cache(isolat
                        + c.kernel_name + "`"):
         store.prepare([a, b, c], "local-task")
     assert cache.status(c, TARGET) == "missing"
+
+
+# ----------------------------------------------------------------------------- hostile store files
+def _built_store(root) -> ArtifactStore:
+    st = ArtifactStore(root)
+    st.build_one(SPEC, TARGET)
+    return st
+
+
+@pytest.mark.parametrize("which", ["vmfb", "manifest"])
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "directory", "too_large"])
+def test_a_store_file_that_is_not_its_regular_file_is_skipped(tmp_path, which, kind):
+    """The attack: a FIFO in place of a vmfb (its manifest entry kept) or of manifest.json
+    blocked every call for good; a symlink to /dev/zero was read until memory ran out.  Now
+    only regular files are read, never past the recorded size (the manifest: 64 MiB), and
+    anything else is "unreadable" with the reason, as an unreadable file is."""
+    st = _built_store(tmp_path / "store")
+    path = st.paths(SPEC, TARGET)["vmfb"] if which == "vmfb" else os.path.join(st.root, "manifest.json")
+    size = os.path.getsize(path)
+    if kind != "too_large":
+        os.unlink(path)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev_zero":
+        os.symlink("/dev/zero", path)
+    elif kind == "directory":
+        os.mkdir(path)
+    else:
+        with open(path, "ab") as f:
+            f.truncate((64 << 20) + 1 if which == "manifest" else size + 1)
+    t0 = time.monotonic()
+    data, state, problem = st.find(SPEC, TARGET)
+    assert time.monotonic() - t0 < 10 and data is None and state == "unreadable", (state, problem)
+    want = {"fifo": "not a regular file", "dev_zero": "not a regular file", "directory": "not a regular file",
+            "too_large": "expected"}[kind]
+    assert want in problem and "cannot read" in problem, problem
+
+
+def test_a_call_with_a_fifo_in_the_store_goes_on_to_the_next_directory(tmp_path):
+    """End to end, in a child (a hang fails the test, not the run): ACLNN_IREE_ARTIFACTS
+    names a store whose vmfb and manifest are FIFOs; the call warns and uses the cache."""
+    st = _built_store(tmp_path / "store")
+    cache = tmp_path / "cache"
+    shutil.copytree(st.root, cache)
+    for p in (st.paths(SPEC, TARGET)["vmfb"], os.path.join(st.root, "manifest.json")):
+        os.unlink(p)
+        os.mkfifo(p)
+    code = textwrap.dedent(_HIDE) + textwrap.dedent("""
+        import warnings
+        import numpy as np
+        import aclnn_iree
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            dx, dg = aclnn_iree.grid_sampler_2d_backward(np.ones((1, 1, 2, 2), np.float32),
+                                                         np.ones((1, 1, 3, 3), np.float32), np.zeros((1, 2, 2, 2), np.float32))
+        assert dx.sum() == 4.0
+        print("|".join(str(x.message) for x in w))
+    """)
+    env = {**_child_env(cache, offline=True), "ACLNN_IREE_ARTIFACTS": st.root}
+    out, = _wait_all([_child(code, env)], timeout=120)
+    assert "not a regular file" in out, out
+
+
+def test_cpu_arch_variable_cannot_name_a_path(isolated, tmp_path, monkeypatch):
+    """The attack: ACLNN_IREE_CPU_ARCH=../../../escape wrote .mlir and .vmfb.lock outside the
+    cache.  It is checked as the CLI's --target-cpu is: a clear 561003, nothing written."""
+    monkeypatch.setenv("ACLNN_IREE_CPU_ARCH", "../../../escape")
+    before = set(tmp_path.rglob("*"))
+    with pytest.raises(AclnnError) as e:
+        aclnn_iree.upsample_bilinear2d_backward(np.ones((1, 1, 4, 4), np.float32), (4, 4), (1, 1, 2, 2))
+    assert e.value.status == ACLNN_ERR_INNER_FIND_KERNEL_ERROR
+    assert "ACLNN_IREE_CPU_ARCH='../../../escape' is not an LLVM CPU name" in str(e.value)
+    with pytest.raises(AclnnError):
+        aclnn_iree.grid_sampler_2d_backward(np.ones((1, 1, 2, 2), np.float32), np.ones((1, 1, 3, 3), np.float32),
+                                            np.zeros((1, 2, 2, 2), np.float32))
+    assert set(tmp_path.rglob("*")) == before and not (tmp_path.parent.parent / "escape.mlir").exists()
+
+
+def test_modules_for_a_cpu_this_one_cannot_run_are_refused(isolated, monkeypatch):
+    """The attack: ACLNN_IREE_CPU_ARCH=sapphirerapids on a CPU without AVX512-FP16, then a
+    float16 upsample: SIGILL.  The manifest records the features a named CPU's modules use,
+    and a CPU without one of them (as iree-cpuinfo says) gets 561003 naming both CPUs.
+    (This machine may have them all: its feature table is replaced by one that lacks two.)"""
+    monkeypatch.setenv("ACLNN_IREE_CPU_ARCH", "sapphirerapids")
+    spec = UpsampleSpec(False, "float16", "NCHW")
+    target = get_target("llvm-cpu", "sapphirerapids")
+    ArtifactStore(isolated).build_one(spec, target)
+    entry = ArtifactStore(isolated).manifest()["artifacts"][ArtifactStore.artifact_id(spec, target)]
+    assert {"+avx512fp16", "+avx512f", "+amx-tile"} <= set(entry["cpu_features"])
+    table = {f: True for f in ("sse4.1", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw")}
+    table.update({"avx512fp16": False, "amx-tile": False})
+    monkeypatch.setattr(store, "host_feature_table", lambda: table)
+    with pytest.raises(AclnnError) as e:
+        aclnn_iree.upsample_bilinear2d_backward(np.ones((1, 1, 4, 4), np.float16), (4, 4), (1, 1, 2, 2))
+    msg = str(e.value)
+    assert e.value.status == ACLNN_ERR_INNER_FIND_KERNEL_ERROR
+    assert "'sapphirerapids'" in msg and "amx-tile, avx512fp16" in msg and "this CPU (" in msg, msg
+    table["avx512fp16"] = table["amx-tile"] = True  # a CPU that has them runs them
+    kernels.unload_modules()
+    out = aclnn_iree.upsample_bilinear2d_backward(np.ones((1, 1, 4, 4), np.float16), (4, 4), (1, 1, 2, 2))
+    assert float(out.astype(np.float32).sum()) == 16.0
+
+
+def test_a_store_writable_by_everyone_warns_once(isolated, tmp_path, monkeypatch):
+    st = _built_store(tmp_path / "shared")
+    os.chmod(st.root, 0o777)
+    monkeypatch.setenv("ACLNN_IREE_ARTIFACTS", st.root)
+    monkeypatch.setattr(store, "_warned_writable", set())
+    args = (np.ones((1, 1, 2, 2), np.float32), np.ones((1, 1, 3, 3), np.float32), np.zeros((1, 2, 2, 2), np.float32))
+    with pytest.warns(RuntimeWarning, match="writable by every user") as w:
+        aclnn_iree.grid_sampler_2d_backward(*args)
+        kernels.unload_modules()
+        aclnn_iree.grid_sampler_2d_backward(*args)
+    assert sum("writable by every user" in str(x.message) for x in w) == 1
+
+
+def test_lock_files_take_the_stores_permissions(tmp_path):
+    """The attack: lock files were created 0666 whatever the store's own mode."""
+    root = tmp_path / "store"
+    root.mkdir()
+    os.chmod(root, 0o750)
+    old = os.umask(0)
+    try:
+        st = ArtifactStore(root)
+        st.build_one(SPEC, TARGET)
+        with st.compile_lock(SPEC, TARGET):
+            pass
+    finally:
+        os.umask(old)
+    locks = [p for p in root.rglob("*.lock")]
+    assert len(locks) >= 2 and all(os.stat(p).st_mode & 0o777 == 0o640 for p in locks), \
+        [(str(p), oct(os.stat(p).st_mode)) for p in locks]
