@@ -467,3 +467,25 @@ def test_an_unwritable_cache_directory_renders_without_a_cache(monkeypatch, tmp_
         assert render_mod.render(UPSAMPLE_SPECS[0]) == rendered(UPSAMPLE_SPECS[0])
     finally:
         render_mod._environment.cache_clear()
+
+
+@pytest.mark.parametrize("isa,save,restore", [("x86", "llvm.x86.sse.stmxcsr", "llvm.x86.sse.ldmxcsr"),
+                                              ("aarch64", "llvm.aarch64.get.fpcr", "llvm.aarch64.set.fpcr")])
+def test_every_cpu_dispatch_keeps_subnormals_and_restores_the_fp_state(isa, save, restore, monkeypatch):
+    """Each CPU dispatch (a func.func of a hal.executable.source) saves the floating-point
+    control register first, clears the flush bits and restores the saved value before its
+    return (templates/_common.mlir.j2 fpenv_ieee / fpenv_restore): a new CPU dispatch
+    without them would flush subnormals again (tests/test_subnormals.py).  GPU forms have none."""
+    from aclnn_iree.compiler import specs as S
+    monkeypatch.setattr(S, "cpu_isa", lambda: isa)
+    for spec in all_specs():
+        cpu = render_mod.render(spec, get_target("llvm-cpu"))
+        bodies = re.findall(r"func\.func @\w+\(\)[^{]*\{(.*?)\n      return\n    \}", cpu, flags=re.S)
+        assert bodies and len(bodies) == cpu.count("func.func @"), spec.kernel_name
+        for body in bodies:
+            assert body.count(save) == 1 and body.count(restore) == 2, spec.kernel_name
+            assert body.index(save) < body.index("hal.interface") and body.rstrip().endswith(
+                f'"{restore}"(%fpenv_slot) : (!llvm.ptr) -> ()' if isa == "x86" else
+                f'"{restore}"(%fpenv_saved) : (i64) -> ()'), spec.kernel_name
+        gpu = render_mod.render(spec, get_target("vulkan-spirv"))
+        assert save not in gpu and "fpenv" not in gpu
