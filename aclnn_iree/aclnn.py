@@ -334,7 +334,7 @@ class aclOpExecutor:
                         "or pickled: a copy of a single-use executor would run it twice; call phase 1 again "
                         "for another")
 
-    __copy__ = __deepcopy__ = __reduce_ex__ = _refuse_copy
+    __copy__ = __deepcopy__ = __reduce_ex__ = __reduce__ = __getstate__ = _refuse_copy
 
     def __repr__(self):
         state = "destroyed" if self.destroyed else ("repeatable" if self.repeatable else "single-use")

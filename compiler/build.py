@@ -40,6 +40,8 @@ __all__ = ["ArtifactStore", "BuildResult", "target_folder"]
 MANIFEST = "manifest.json"
 # A manifest of every module of every target is about 1 MiB; anything past this is not one.
 MANIFEST_MAX_BYTES = 64 << 20
+# Modules are 8-100 KiB; a manifest entry recording more than this is not one of ours.
+VMFB_MAX_BYTES = 256 << 20
 _manifest_cache: dict = {}  # manifest path -> ((path, inode, mtime_ns, size), parsed manifest)
 _manifest_lock = threading.Lock()
 _process_locks: dict = {}  # store root -> threading.Lock (one writer thread per store and process)
@@ -97,6 +99,8 @@ class ArtifactStore:
         path = os.path.join(self.root, MANIFEST)
         try:
             m = json.loads(read_regular(path, MANIFEST_MAX_BYTES))
+        except RecursionError:  # nested deeper than json can parse: malformed, as a ValueError is
+            return {"artifacts": {}}
         except FileNotFoundError:
             return {"artifacts": {}}
         except ValueError:
@@ -184,8 +188,14 @@ class ArtifactStore:
                                             str(entry.get("compiler_version"))):
             return None, "stale", "stale (rendered source, flags, compiler version or host CPU changed)"
         size = entry.get("vmfb_bytes")
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            return None, "corrupt", "its manifest entry records no size (vmfb_bytes)"
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= VMFB_MAX_BYTES:
+            return None, "corrupt", f"its manifest entry records no size (vmfb_bytes) of 1 to {VMFB_MAX_BYTES} bytes"
+        try:
+            actual = os.stat(path).st_size
+        except OSError as e:
+            return None, "unreadable", f"cannot read {path}: {os_error_text(e)}"
+        if os.path.isfile(path) and actual != size:  # not read at all (a huge sparse file, say)
+            return None, "corrupt", f"corrupt ({actual} bytes, the manifest records {size})"
         try:  # a regular file of the recorded size only (files.read_regular)
             data = read_regular(path, size)
         except OSError as e:

@@ -71,7 +71,11 @@ class LoadedModule:
     def kernel(self, function_name: str) -> "Kernel":
         k = self._kernels.get(function_name)
         if k is None:
-            k = self._kernels[function_name] = Kernel(self, function_name)
+            try:
+                k = self._kernels[function_name] = Kernel(self, function_name)
+            except LookupError as e:  # another module in this one's place (its manifest entry forged)
+                raise ModuleLoadError(f"module {self.path} ({self.spec.kernel_name}): {e}; delete it or run "
+                                      "`aclnn-iree build` to rebuild it") from None
         return k
 
 

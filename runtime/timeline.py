@@ -25,11 +25,12 @@ class _Ticket:
     """One submission's state: the value it took (0: none yet) and, non-empty once the work
     is on the device queue, `queued`."""
 
-    __slots__ = ("value", "queued")
+    __slots__ = ("value", "queued", "why")
 
     def __init__(self):
         self.value = 0
         self.queued = []
+        self.why = "interrupted"
 
 
 class Timeline:
@@ -46,7 +47,7 @@ class Timeline:
         self._lock = threading.Lock()
         self._inflight = collections.deque()  # (signal value, objects the work touches), in order
         self._expect = None  # (signal value, launch time, Estimate) of the last timed submission
-        self._owed = collections.deque()  # (_Ticket, why) of interrupted submissions, oldest first
+        self._owed = collections.deque()  # _Tickets of interrupted submissions, oldest first
         self._settle_lock = threading.RLock()
 
     def next_fences(self, keep=()):
@@ -95,8 +96,10 @@ class Timeline:
             fn, *args = enqueue(wait, signal)
             ticket.queued.extend(map(fn, *([a] for a in args)))
         except BaseException as e:
+            # Recorded before any call of the handler: a second interrupt may come at the next one.
             if ticket.value and not ticket.queued:
-                self._owed.append((ticket, f"{type(e).__name__}: {e}"))
+                self._owed.append(ticket)
+                ticket.why = f"{type(e).__name__}: {e}"
                 self._settle()
             raise
         if estimate is not None:
@@ -110,7 +113,7 @@ class Timeline:
         queued.  Interrupted itself, it leaves the rest owed to the next submit or wait."""
         with self._settle_lock:
             while self._owed:
-                ticket, why = self._owed[0]
+                ticket = self._owed[0]
                 if not ticket.queued:
                     signal = rt.HalFence.create_at(self.semaphore, ticket.value)
                     try:
@@ -118,7 +121,7 @@ class Timeline:
                                                           signal)
                         ticket.queued.extend(map(fn, *([a] for a in args)))
                     except Exception as e:
-                        signal.fail(f"{why}; the empty submission in its place failed too: {e}")
+                        signal.fail(f"{ticket.why}; the empty submission in its place failed too: {e}")
                         ticket.queued.append(None)
                 self._owed.popleft()
 

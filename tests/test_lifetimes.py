@@ -361,3 +361,35 @@ def test_ctrl_c_at_random_points_never_wedges_the_stream(device):
         print("interrupted", interrupted)
     """, timeout=120)  # about 2 s when nothing hangs
     assert int(out.split()[-1]) > 100  # the storm did interrupt calls
+
+
+def test_a_second_interrupt_while_the_first_is_handled_never_wedges_the_stream():
+    """The attack, made deterministic: a first KeyboardInterrupt before the launch reached the
+    queue, a second one as the empty submission in its place was being queued.  The step stays
+    owed and the stream's next use signals it: the next call and synchronize return."""
+    out = run_child("""
+        import numpy as np
+        from aclnn_iree import aclnn as A, api
+        from aclnn_iree.runtime import device as D, kernels as K
+        go = np.ones((1, 1, 4, 4), np.float32)
+        api.upsample_bilinear2d_backward(go, (4, 4), (1, 1, 2, 2))  # loaded, executor kept
+        real_launch, real_fill = K.Kernel.launch_call, D.Device.fill_call
+        def launch_interrupted(self, *a):
+            K.Kernel.launch_call = real_launch
+            raise KeyboardInterrupt("first")
+        def fill_interrupted(self, *a):
+            D.Device.fill_call = real_fill
+            raise KeyboardInterrupt("second")
+        K.Kernel.launch_call, D.Device.fill_call = launch_interrupted, fill_interrupted
+        try:
+            api.upsample_bilinear2d_backward(go, (4, 4), (1, 1, 2, 2))
+        except KeyboardInterrupt as e:
+            print("interrupted", e, e.__context__)
+        owed = [s for s in api._tls.streams.values() if s.timeline._owed]  # (tiny calls run inline: local-sync)
+        assert len(owed) == 1 and len(owed[0].timeline._owed) == 1  # the first call's step is owed
+        got = api.upsample_bilinear2d_backward(go, (4, 4), (1, 1, 2, 2))
+        assert got.sum() == 16.0 and not owed[0].timeline._owed
+        assert A.aclrtSynchronizeStream(owed[0]) == 0
+        print("ok")
+    """, timeout=60)
+    assert "interrupted second first" in out and out.strip().endswith("ok"), out

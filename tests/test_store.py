@@ -452,10 +452,56 @@ def test_a_store_file_that_is_not_its_regular_file_is_skipped(tmp_path, which, k
             f.truncate((64 << 20) + 1 if which == "manifest" else size + 1)
     t0 = time.monotonic()
     data, state, problem = st.find(SPEC, TARGET)
-    assert time.monotonic() - t0 < 10 and data is None and state == "unreadable", (state, problem)
+    assert time.monotonic() - t0 < 10 and data is None, (state, problem)
+    if kind == "too_large" and which == "vmfb":  # a regular file of another size than recorded: not read
+        assert state == "corrupt" and f"the manifest records {size}" in problem, (state, problem)
+        return
+    assert state == "unreadable", (state, problem)
     want = {"fifo": "not a regular file", "dev_zero": "not a regular file", "directory": "not a regular file",
             "too_large": "expected"}[kind]
     assert want in problem and "cannot read" in problem, problem
+
+
+def test_a_huge_recorded_size_is_not_read(tmp_path):
+    """The attack: a 3 GiB sparse vmfb whose manifest entry records 10**12 bytes was read whole
+    (18 s, 3.2 GiB).  A recorded size over 256 MiB is corrupt, and nothing is read."""
+    st = _built_store(tmp_path / "store")
+    path = st.paths(SPEC, TARGET)["vmfb"]
+    with open(path, "ab") as f:
+        f.truncate(3 << 30)
+    m = json.loads(Path(st.root, "manifest.json").read_text())
+    m["artifacts"][ArtifactStore.artifact_id(SPEC, TARGET)]["vmfb_bytes"] = 10 ** 12
+    Path(st.root, "manifest.json").write_text(json.dumps(m))
+    t0 = time.monotonic()
+    data, state, problem = st.find(SPEC, TARGET)
+    assert time.monotonic() - t0 < 5 and data is None and state == "corrupt" and "vmfb_bytes" in problem
+
+
+def test_a_manifest_nested_too_deep_to_parse_is_an_empty_store(tmp_path):
+    """The attack: "[" * 200000 + "]" * 200000 as manifest.json raised RecursionError (561000)
+    in every call instead of skipping the store."""
+    st = _built_store(tmp_path / "store")
+    Path(st.root, "manifest.json").write_text("[" * 200000 + "]" * 200000)
+    assert st.manifest() == {"artifacts": {}} and st.status(SPEC, TARGET) == "missing"
+
+
+def test_another_kernels_module_under_a_forged_entry_names_its_file(isolated):
+    """The attack: a vmfb replaced by another kernel's module, its sha256 and size forged in the
+    manifest, gave 561000 LookupError without the path; it is 561003 naming the file."""
+    st = ArtifactStore(isolated)
+    other = UpsampleSpec(False, "float32", "NCHW")
+    st.build_one(SPEC, TARGET)
+    data, _ = st.build_one(other, TARGET)
+    path = st.paths(SPEC, TARGET)["vmfb"]
+    Path(path).write_bytes(data)
+    m = st.manifest()
+    e = m["artifacts"][ArtifactStore.artifact_id(SPEC, TARGET)]
+    e["vmfb_sha256"], e["vmfb_bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+    Path(st.root, "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(AclnnError) as err:
+        aclnn_iree.grid_sampler_2d_backward(np.ones((1, 1, 2, 2), np.float32), np.ones((1, 1, 3, 3), np.float32),
+                                            np.zeros((1, 2, 2, 2), np.float32))
+    assert err.value.status == ACLNN_ERR_INNER_FIND_KERNEL_ERROR and path in str(err.value), str(err.value)
 
 
 def test_a_call_with_a_fifo_in_the_store_goes_on_to_the_next_directory(tmp_path):

@@ -701,3 +701,29 @@ def test_enabled_toggled_in_one_thread_while_another_runs_backward():
         p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                            timeout=600, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
         assert p.returncode == 0 and p.stdout.strip() == "ok", (p.returncode, p.stdout[-2000:], p.stderr[-4000:])
+
+
+def test_an_interrupt_entering_enabled_still_restores_pytorch(monkeypatch):
+    """The attack: a KeyboardInterrupt after enabled() had counted its block and before the
+    block began left our kernels on for good.  Now the block's end runs whatever happens."""
+    import threading
+    from aclnn_iree.torch import override
+
+    class InterruptOnce:  # the override's lock, raising once as it is released on entry
+        def __init__(self):
+            self.lock, self.fired = threading.RLock(), False
+
+        def __enter__(self):
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            self.lock.__exit__(*exc)
+            if not self.fired and override._open_blocks:
+                self.fired = True
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(override, "_lock", InterruptOnce())
+    with pytest.raises(KeyboardInterrupt):
+        with AT.enabled():
+            pass
+    assert override._lock.fired and not AT.is_enabled() and override._open_blocks == 0

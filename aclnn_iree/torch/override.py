@@ -122,16 +122,19 @@ def enabled():
     every thread's calls run our kernels, and blocks open in several threads at once count
     as one, whose end (the last to close) restores the state before the first."""
     global _open_blocks, _before_blocks
-    with _lock:
-        before = is_enabled()
-        enable()
-        if _open_blocks == 0:
-            _before_blocks = before
-        _open_blocks += 1
-    try:
+    entered = False
+    try:  # an interrupt (Ctrl-C) anywhere after the count went up still brings it down
+        with _lock:
+            before = is_enabled()
+            enable()
+            if _open_blocks == 0:
+                _before_blocks = before
+            _open_blocks += 1
+            entered = True  # no call between this and the line before: no signal handler runs there
         yield
     finally:
-        with _lock:
-            _open_blocks -= 1
-            if _open_blocks == 0 and not _before_blocks:
-                disable()
+        if entered:
+            with _lock:
+                _open_blocks -= 1
+                if _open_blocks == 0 and not _before_blocks:
+                    disable()
