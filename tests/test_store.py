@@ -307,7 +307,7 @@ def test_stale_temporaries_are_removed_and_live_ones_kept(tmp_path):
 
 
 def test_a_module_iree_cannot_load_names_its_file(isolated):
-    """The attack: a corrupt vmfb whose sha256 matched the manifest gave a FlatBuffer error
+    """The attack: a corrupt vmfb whose sha256 and size matched the manifest gave a FlatBuffer error
     that did not name the file.  Now the message (561003) names it and says what to do."""
     st = ArtifactStore(isolated)
     st.build_one(SPEC, TARGET)
@@ -315,7 +315,8 @@ def test_a_module_iree_cannot_load_names_its_file(isolated):
     junk = b"\x00" * 64 + os.urandom(256)
     Path(p).write_bytes(junk)
     m = st.manifest()
-    m["artifacts"][ArtifactStore.artifact_id(SPEC, TARGET)]["vmfb_sha256"] = hashlib.sha256(junk).hexdigest()
+    entry = m["artifacts"][ArtifactStore.artifact_id(SPEC, TARGET)]
+    entry["vmfb_sha256"], entry["vmfb_bytes"] = hashlib.sha256(junk).hexdigest(), len(junk)
     Path(isolated, "manifest.json").write_text(json.dumps(m))
     x = np.ones((1, 1, 4, 4), np.float32)
     with pytest.raises(AclnnError) as ei:

@@ -646,7 +646,7 @@ def test_enabled_toggled_in_one_thread_while_another_runs_backward():
     other thread's dispatch failed 1-101 calls in 3,000 (SafePyObject INTERNAL ASSERT, wrong
     argument counts) and twice in 7 runs segfaulted.  20 runs, in child processes."""
     code = """
-        import threading
+        import threading, time
         import numpy as np, torch, torch.nn.functional as F
         import aclnn_iree.torch as AT
         torch.set_num_threads(1)
@@ -672,6 +672,7 @@ def test_enabled_toggled_in_one_thread_while_another_runs_backward():
                 while not stop.is_set():
                     with AT.enabled():
                         pass
+                    time.sleep(0)  # lets the other thread take the GIL: a spinning toggler starved it
 
             def backward():
                 try:
