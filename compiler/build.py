@@ -191,11 +191,11 @@ class ArtifactStore:
         if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= VMFB_MAX_BYTES:
             return None, "corrupt", f"its manifest entry records no size (vmfb_bytes) of 1 to {VMFB_MAX_BYTES} bytes"
         try:
-            actual = os.stat(path).st_size
+            st = os.stat(path)
         except OSError as e:
             return None, "unreadable", f"cannot read {path}: {os_error_text(e)}"
-        if os.path.isfile(path) and actual != size:  # not read at all (a huge sparse file, say)
-            return None, "corrupt", f"corrupt ({actual} bytes, the manifest records {size})"
+        if stat.S_ISREG(st.st_mode) and st.st_size != size:  # not read at all (a huge sparse file, say)
+            return None, "corrupt", f"corrupt ({st.st_size} bytes, the manifest records {size})"
         try:  # a regular file of the recorded size only (files.read_regular)
             data = read_regular(path, size)
         except OSError as e:

@@ -42,14 +42,11 @@ def host_cpu() -> dict:
         except OSError:
             pass
         info["model"] = cpuinfo.get("model name", info["model"])
-        try:
-            import iree._runtime_libs as libs
-            tool = os.path.join(os.path.dirname(libs.__file__), "iree-cpuinfo")
-            out = subprocess.run([tool], capture_output=True, text=True, timeout=30, check=True).stdout
-            info["features"] = sorted(p[0] for p in (ln.split() for ln in out.splitlines())
-                                      if len(p) == 2 and p[1] == "1")
+        table = host_feature_table()
+        if table is not None:
+            info["features"] = sorted(f for f, present in table.items() if present)
             info["features_from"] = "iree-cpuinfo"
-        except Exception:
+        else:
             info["features"] = sorted(cpuinfo.get("flags", "").split())
             info["features_from"] = "/proc/cpuinfo"
         _host_cpu_cache = info
@@ -57,16 +54,16 @@ def host_cpu() -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def host_feature_table() -> dict:
+def host_feature_table() -> dict | None:
     """{LLVM feature name: present} for every feature `iree-cpuinfo` (iree-base-runtime) knows
-    on this CPU (the ISA extensions IREE's CPU code generation can use); {} without the tool."""
+    on this CPU (the ISA extensions IREE's CPU code generation can use); None without the tool."""
     try:
         import iree._runtime_libs as libs
         tool = os.path.join(os.path.dirname(libs.__file__), "iree-cpuinfo")
         out = subprocess.run([tool], capture_output=True, text=True, timeout=30, check=True).stdout
     except Exception:  # noqa: BLE001 - no runtime tool: nothing can be checked
-        return {}
-    return {p[0]: p[1] == "1" for p in (ln.split() for ln in out.splitlines()) if len(p) == 2 and p[1] in "01"}
+        return None
+    return {p[0]: p[1] == "1" for p in (ln.split() for ln in out.splitlines()) if len(p) == 2 and p[1] in ("0", "1")}
 
 
 def artifact_key(spec, target, source: str | None = None, compiler: str | None = None) -> str:

@@ -128,10 +128,12 @@ def target_for_driver(driver: str) -> Target:
     target = TARGETS[_DRIVER_TO_TARGET[base]]
     cpu = os.environ.get(CPU_ARCH_ENV, "").strip()
     if target.name == "llvm-cpu" and cpu:
-        if not _ARCH_FORMS["llvm-cpu"].fullmatch(cpu):  # it names a store folder: no path may hide in it
+        try:  # get_target checks the form, as for --target-cpu: it names a store folder, no path may hide in it
+            return get_target("llvm-cpu", cpu)
+        except ValueError:
             raise CpuArchError(f"{CPU_ARCH_ENV}={cpu!r} is not an LLVM CPU name (letters, digits and _.+-, "
-                             f"e.g. {_ARCH_EXAMPLES['llvm-cpu']}); unset it to run modules built for this CPU")
-        target = dataclasses.replace(target, arch=cpu)
+                               f"e.g. {_ARCH_EXAMPLES['llvm-cpu']}); unset it to run modules built for "
+                               "this CPU") from None
     return target
 
 

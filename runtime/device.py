@@ -179,11 +179,6 @@ class Device:
         cb.end()
         return self.hal.queue_execute, cb, wait, signal  # iree-base-runtime 3.13 takes one command buffer
 
-    def queue_barrier(self, wait: rt.HalFence, signal: rt.HalFence):
-        """Enqueues nothing but the ordering: signals `signal` once `wait` is reached."""
-        fn, *args = self.fill_call((), wait, signal)
-        fn(*args)
-
     def __repr__(self):
         return f"Device({self.name!r})" if self.threads is None else f"Device({self.name!r}, threads={self.threads})"
 

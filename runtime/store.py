@@ -72,7 +72,7 @@ def _check_runs_here(store, spec, target):
     need = entry.get("cpu_features") if isinstance(entry, dict) else None
     if not isinstance(need, list):
         return
-    have = host_feature_table()
+    have = host_feature_table() or {}
     missing = sorted({f[1:] for f in need if isinstance(f, str) and f.startswith("+") and have.get(f[1:]) is False})
     if missing:
         model = host_cpu().get("model") or platform.machine()

@@ -55,12 +55,26 @@ class Timeline:
         timeline; `keep` stays referenced until the semaphore reaches the signal value.  The
         caller must then queue work that signals it (submit() does, whatever happens)."""
         self._prune()
+        ticket = _Ticket()
+        self._take(ticket, keep)
+        v = ticket.value
+        return rt.HalFence.create_at(self.semaphore, v - 1), rt.HalFence.create_at(self.semaphore, v), v
+
+    def _take(self, ticket, keep):
+        """Advances the timeline by one value for `ticket` (recorded in the same statement, so
+        no signal handler runs between the two); `keep` stays referenced until it is reached."""
         with self._lock:
-            v = self.value
-            self.value = v + 1
+            v = self.value + 1
             if keep:
-                self._inflight.append((v + 1, keep))
-        return rt.HalFence.create_at(self.semaphore, v), rt.HalFence.create_at(self.semaphore, v + 1), v + 1
+                self._inflight.append((v, keep))
+            self.value = ticket.value = v
+
+    @staticmethod
+    def _queue(ticket, call):
+        """Makes the queueing call (function, *arguments) and records it in `ticket` in one C
+        call (list.extend over map): no signal handler runs between the two."""
+        fn, *args = call
+        ticket.queued.extend(map(fn, *([a] for a in args)))
 
     def submit(self, enqueue, keep=(), estimate=None) -> int:
         """Enqueues one piece of work and returns its signal value without waiting.
@@ -85,16 +99,12 @@ class Timeline:
         self._prune()
         ticket = _Ticket()
         try:
-            with self._lock:
-                v = self.value + 1
-                if keep:
-                    self._inflight.append((v, keep))
-                self.value = ticket.value = v
+            self._take(ticket, keep)
+            v = ticket.value
             wait = rt.HalFence.create_at(self.semaphore, v - 1)
             signal = rt.HalFence.create_at(self.semaphore, v)
             launched = time.perf_counter()
-            fn, *args = enqueue(wait, signal)
-            ticket.queued.extend(map(fn, *([a] for a in args)))
+            self._queue(ticket, enqueue(wait, signal))
         except BaseException as e:
             # Recorded before any call of the handler: a second interrupt may come at the next one.
             if ticket.value and not ticket.queued:
@@ -117,9 +127,8 @@ class Timeline:
                 if not ticket.queued:
                     signal = rt.HalFence.create_at(self.semaphore, ticket.value)
                     try:
-                        fn, *args = self.device.fill_call((), rt.HalFence.create_at(self.semaphore, ticket.value - 1),
-                                                          signal)
-                        ticket.queued.extend(map(fn, *([a] for a in args)))
+                        self._queue(ticket, self.device.fill_call(
+                            (), rt.HalFence.create_at(self.semaphore, ticket.value - 1), signal))
                     except Exception as e:
                         signal.fail(f"{ticket.why}; the empty submission in its place failed too: {e}")
                         ticket.queued.append(None)
