@@ -33,7 +33,7 @@ from .compile import compile_file, compiler_build, compiler_version, require_com
 from .files import atomic_write, os_error_text, read_regular, remove_stale_temporaries
 from .key import artifact_key, host_cpu, sha256_hex
 from .reflect import module_exports, ptxas_report
-from .render import render, template_source
+from .render import render, template_files
 
 __all__ = ["ArtifactStore", "BuildResult", "target_folder"]
 
@@ -242,13 +242,15 @@ class ArtifactStore:
                                  f"{shlex.quote(os.path.basename(p['vmfb']))}\n").encode())
         atomic_write(p["vmfb"], vmfb)
         functions, exports = module_exports(vmfb, spec.function_names(target))
-        tsrc = template_source(spec)
+        templates = {name: sha256_hex(text.encode()) for name, text in template_files(spec).items()}
         entry = {
             "op": spec.op,
             "kernel_name": spec.kernel_name,
             "specialisation": {k: v for k, v in dataclasses.asdict(spec).items()},
             "template": spec.template,
-            "template_sha256": sha256_hex(tsrc.encode()),
+            # every file the module was rendered from (root and partials), and one hash of them all
+            "template_files": templates,
+            "template_sha256": sha256_hex(json.dumps(templates, sort_keys=True).encode()),
             "template_params": spec.template_params(target),
             "functions": functions,
             "exports": exports,

@@ -7,12 +7,13 @@ import os
 from importlib import resources
 
 import jinja2
+import jinja2.meta
 
 from .files import cache_dir, read_regular
 
 _BYTECODE_MAX_BYTES = 64 << 20  # the grid sampler's compiled template is about 1 MiB
 
-__all__ = ["render", "template_source", "numbered"]
+__all__ = ["render", "template_files", "numbered"]
 
 
 class _BytecodeCache(jinja2.FileSystemBytecodeCache):
@@ -52,9 +53,20 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def template_source(spec) -> str:
-    """The raw text of the template that renders `spec` (part of the cache key)."""
-    return resources.files("aclnn_iree.templates").joinpath(spec.template).read_text()
+def template_files(spec) -> dict:
+    """{path: source text} of every template file `spec`'s module is rendered from: its family's
+    root (`spec.template`) first, then each file it imports or includes, transitively, in the
+    order first met (paths relative to templates/).  The manifest records their sha256."""
+    env = _environment()
+    files, todo = {}, [spec.template]
+    while todo:
+        name = todo.pop(0)
+        if name in files:
+            continue
+        files[name] = env.loader.get_source(env, name)[0]
+        # every import/include names its file literally (None would be a computed name: none here)
+        todo.extend(n for n in jinja2.meta.find_referenced_templates(env.parse(files[name])) if n)
+    return files
 
 
 def render(spec, target=None) -> str:

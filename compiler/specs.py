@@ -133,7 +133,7 @@ class GridSamplerSpec(KernelSpec):
     dtype: str = "float32"
 
     op = "grid_sampler_2d_backward"
-    template = "grid_sampler_2d_backward.mlir.j2"
+    template = "grid_sampler_2d_backward/module.mlir.j2"
 
     def __post_init__(self):
         if self.interpolation_mode not in INTERPOLATION_MODES:
@@ -205,7 +205,7 @@ class UpsampleSpec(KernelSpec):
     layout: str = "NCHW"
 
     op = "upsample_bilinear2d_backward"
-    template = "upsample_bilinear2d_backward.mlir.j2"
+    template = "upsample_bilinear2d_backward/module.mlir.j2"
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:

@@ -10,21 +10,15 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-import aclnn_iree.templates
 from aclnn_iree import aclnn as A
 from aclnn_iree import api
 from aclnn_iree import reference as R
 
-TEMPLATES = Path(aclnn_iree.templates.__file__).resolve().parent
-HAVE_UPSAMPLE = (TEMPLATES / "upsample_bilinear2d_backward.mlir.j2").exists()
-needs_upsample = pytest.mark.skipif(not HAVE_UPSAMPLE,
-                                    reason="templates/upsample_bilinear2d_backward.mlir.j2 has not landed yet")
 
 SUCCESS = A.ACLNN_SUCCESS
 NULLPTR = A.ACLNN_ERR_PARAM_NULLPTR          # 161001
@@ -227,7 +221,6 @@ def test_float16_grid_sampler_reports_a_workspace(stream):
     assert A.aclDestroyAclOpExecutor(ex) == SUCCESS
 
 
-@needs_upsample
 @pytest.mark.parametrize("dtype,fmt,ac,scales", [
     (np.float32, "NCHW", False, (-1.0, -1.0)),
     (np.float32, "NCHW", True, (-1.0, -1.0)),
@@ -578,7 +571,6 @@ def _up_call(args):
     return A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(**args)
 
 
-@needs_upsample
 @pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
 def test_upsample_valid_arguments_succeed(fmt):
     status, ws, ex = _up_call(_up_args(fmt=fmt))
@@ -1045,7 +1037,6 @@ def test_grid_sampler_non_contiguous_views_equal_contiguous_copies(stream):
     assert_bitwise(t.numpy(), np.ascontiguousarray(x))
 
 
-@needs_upsample
 @pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
 def test_upsample_non_contiguous_view_equals_contiguous_copy(stream, fmt):
     garr, g_nchw, osz, isz = up_arrays(fmt=fmt, seed=6)
@@ -1094,7 +1085,6 @@ def test_two_calls_on_one_stream_chain_without_synchronize(stream):
     assert_close(dg2.numpy(), ref_dg2, np.float32)
 
 
-@needs_upsample
 def test_grid_sampler_then_upsample_on_one_stream(stream):
     """The upsample reads the grid sampler's inputGrad (created with format NCHW, which the grid
     sampler ignores) as its gradOut; one synchronize at the end."""
@@ -1149,7 +1139,6 @@ def test_repeatable_executor_100_runs_identical_without_memory_growth(stream, dt
     expect_status(A.aclnnGridSampler2DBackward(workspace, ws, ex, stream), NOT_TRANS)
 
 
-@needs_upsample
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_repeatable_upsample_executor(stream, dtype):
     garr, g, osz, isz = up_arrays(dtype=dtype, seed=10)
@@ -1174,7 +1163,7 @@ def test_repeatable_upsample_executor(stream, dtype):
 # ----------------------------------------------------------------------------- threads
 def test_four_threads_25_calls_each_on_their_own_streams():
     errors = []
-    ops = ["gs", "up"] if HAVE_UPSAMPLE else ["gs"]
+    ops = ["gs", "up"]
 
     def worker(k):
         try:
@@ -1223,7 +1212,6 @@ def test_four_threads_25_calls_each_on_their_own_streams():
     assert not errors, errors
 
 
-@needs_upsample
 def test_single_use_upsample_keeps_its_scales_alive_until_the_kernel_ran():
     """Deterministic form of the threaded failure: the stream is held at an unsignalled step, so the
     enqueued kernel cannot start; the host memory freed by _release is reused; then the stream goes on."""
@@ -1244,7 +1232,6 @@ def test_single_use_upsample_keeps_its_scales_alive_until_the_kernel_ran():
     np.testing.assert_array_equal(out.numpy(), R.upsample_bilinear2d_backward(g, [4, 4], [1, 1, 2, 2], False))
 
 
-@needs_upsample
 def test_repeatable_upsample_survives_reuse_of_freed_memory():
     """Same sequence with a repeatable executor (it keeps its objects until destroyed): right answer."""
     status, s = A.aclrtCreateStream(DEVICE)

@@ -28,15 +28,14 @@ from conftest import no_loaded_modules
 
 REPO = Path(__file__).resolve().parent.parent
 TEMPLATES = REPO / "templates"
-HAVE_UPSAMPLE = (TEMPLATES / UpsampleSpec.template).is_file()
 
 TARGET = get_target("llvm-cpu")
 GRID_SPECS = [GridSamplerSpec("bilinear", "zeros", False, "float32"),
               GridSamplerSpec("bilinear", "border", False, "float32")]
-UPSAMPLE_SPECS = [UpsampleSpec(False, "float32", "NCHW")] if HAVE_UPSAMPLE else []
+UPSAMPLE_SPECS = [UpsampleSpec(False, "float32", "NCHW")]
 SPECS = GRID_SPECS + UPSAMPLE_SPECS
 
-REQUIRED_FIELDS = ("op", "kernel_name", "specialisation", "template", "template_sha256", "functions", "exports",
+REQUIRED_FIELDS = ("op", "kernel_name", "specialisation", "template", "template_files", "template_sha256", "functions", "exports",
                    "target", "target_arch", "target_cpu", "driver", "flags", "command", "compiler_version",
                    "compiler_build", "key", "source_sha256", "vmfb_sha256", "vmfb_bytes", "files")
 
@@ -104,6 +103,11 @@ def test_manifest_has_every_field(built_store):
         assert e["source_sha256"] == _sha(p["mlir"])
         assert e["vmfb_sha256"] == _sha(p["vmfb"]) and e["vmfb_bytes"] == os.path.getsize(p["vmfb"])
         assert e["template"] == s.template
+        # every file it was rendered from (root and partials), each with the sha256 of its text on disk
+        assert s.template in e["template_files"] and "_common.mlir.j2" in e["template_files"]
+        assert e["template_files"] == {n: _sha(TEMPLATES / n) for n in e["template_files"]}
+        if s.op == "grid_sampler_2d_backward":
+            assert len(e["template_files"]) > 2  # its partials too
         assert e["key"] == artifact_key(s, TARGET)
         # every exported function, with its argument and result signature
         expected = set(s.function_names()) | {n + "_transients_size" for n in s.function_names()}
@@ -339,8 +343,8 @@ def test_wheel_contains_templates_and_subpackages(tmp_path):
     assert len(wheels) == 1
     names = set(zipfile.ZipFile(wheels[0]).namelist())
     templates = {n for n in names if n.startswith("aclnn_iree/templates/") and n.endswith(".mlir.j2")}
-    assert "aclnn_iree/templates/grid_sampler_2d_backward.mlir.j2" in templates
-    assert templates == {f"aclnn_iree/templates/{p.name}" for p in TEMPLATES.glob("*.mlir.j2")}
+    assert "aclnn_iree/templates/grid_sampler_2d_backward/module.mlir.j2" in templates
+    assert templates == {f"aclnn_iree/templates/{p.relative_to(TEMPLATES).as_posix()}" for p in TEMPLATES.rglob("*.mlir.j2")}
     for required in ("aclnn_iree/compiler/specs.py", "aclnn_iree/runtime/store.py", "aclnn_iree/cli.py",
                      "aclnn_iree/demo.py", "aclnn_iree/__main__.py"):
         assert required in names, f"{required} missing from the wheel"

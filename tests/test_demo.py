@@ -10,11 +10,8 @@ pytest.importorskip("skimage", reason="the demo photo comes from scikit-image (t
 
 from aclnn_iree import cli, demo  # noqa: E402
 from aclnn_iree import reference as R  # noqa: E402
-from aclnn_iree.compiler import UpsampleSpec  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
-needs_upsample = pytest.mark.skipif(not (REPO / "templates" / UpsampleSpec.template).is_file(),
-                                    reason="templates/upsample_bilinear2d_backward.mlir.j2 does not exist yet")
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +71,6 @@ def test_axis_matrix_is_the_reference_interpolation():
                                    atol=1e-14)
 
 
-@needs_upsample
 def test_lowres_descends_monotonically_to_the_optimum(photo64):
     res = demo.learn_lowres(photo64, factor=4, iters=200, log=None)
     assert res["monotone"], "loss rose at some iteration"
@@ -86,7 +82,6 @@ def test_lowres_descends_monotonically_to_the_optimum(photo64):
     assert res["naive_loss"] > res["loss"][-1]
 
 
-@needs_upsample
 def test_lowres_crop_matches_lstsq(photo64):
     res = demo.lowres_crop_check(photo64, crop=32, factor=4, iters=300, log=None)
     assert res["monotone"]
@@ -94,7 +89,6 @@ def test_lowres_crop_matches_lstsq(photo64):
     assert res["max_abs_diff"] < 1e-3
 
 
-@needs_upsample
 def test_cli_photo_demo_quick_writes_titled_pngs(tmp_path, capsys):
     assert cli.main(["demo", "--photo", "--quick", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -38,7 +38,6 @@ from aclnn_iree.compiler.build import ArtifactStore
 from aclnn_iree.runtime import kernels, store
 
 REPO = Path(__file__).resolve().parent.parent
-HAVE_UPSAMPLE = (REPO / "templates" / UpsampleSpec.template).is_file()
 TARGET = get_target("llvm-cpu")
 
 
@@ -156,7 +155,6 @@ def test_grid_sampler_writes_a_zero_grad_grid_for_an_empty_input(tmp_path, funct
     np.testing.assert_array_equal(got[-1], np.zeros((N, Ho, Wo, 2), np.float32))
 
 
-@pytest.mark.skipif(not HAVE_UPSAMPLE, reason="templates/upsample_bilinear2d_backward.mlir.j2 does not exist yet")
 def test_upsample_runs_in_iree_run_module(tmp_path):
     spec = UpsampleSpec(False, "float32", "NCHW")
     st = ArtifactStore(tmp_path / "artifacts")

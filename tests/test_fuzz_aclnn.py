@@ -13,21 +13,16 @@ Shapes are tiny and the good specialisations are the few the other tests use, so
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-import aclnn_iree.templates
 from aclnn_iree import aclnn as A
 from aclnn_iree import reference as R
 from aclnn_iree.errors import STATUS_NAMES
 
-TEMPLATES = Path(aclnn_iree.templates.__file__).resolve().parent
-HAVE_UPSAMPLE = (TEMPLATES / "upsample_bilinear2d_backward.mlir.j2").exists()
 
 CODES = frozenset(STATUS_NAMES)
 DEVICE, OTHER_DEVICE = "local-task", "local-sync"
@@ -306,7 +301,6 @@ def upsample_case(draw):
     return dtype, fmt, ac, dims, kinds, scales, phase2, seed
 
 
-@pytest.mark.skipif(not HAVE_UPSAMPLE, reason="templates/upsample_bilinear2d_backward.mlir.j2 has not landed yet")
 @FUZZ
 @given(upsample_case())
 def test_fuzz_upsample(case):
