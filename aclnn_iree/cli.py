@@ -190,10 +190,10 @@ def _cmd_demo(args) -> int:
     out = _writable_dir(args.out or "demo_output", "demo's output")
     _check_device(args.device)
     if args.photo:
-        from .demo import run_demo
+        from .tools.demo import run_demo
         run_demo(out, quick=args.quick, device=args.device)
         return 0
-    from .stereo_demo import OPENMP_SPINCOUNT, check_output_files, limit_openmp_spin, run_stereo_demo
+    from .tools.stereo_demo import OPENMP_SPINCOUNT, check_output_files, limit_openmp_spin, run_stereo_demo
     check_output_files(out)  # before torch is imported and the job runs, not at the end
     openmp = limit_openmp_spin()  # before torch loads libgomp
     if openmp["set_by_demo"]:
@@ -208,7 +208,7 @@ MAX_THREADS = 1024
 
 
 def _roofline(args) -> int:
-    from . import roofline
+    from .tools import roofline
     if args.peers or args.device != "local-task" or args.op or args.json:
         raise CliError("--roofline measures the CPU grid sampler on its own; --peers, --device, --op and --json "
                        "do not apply")
@@ -223,7 +223,7 @@ def _roofline(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from .bench import run_bench
+    from .tools.bench import run_bench
     if args.json:
         args.json = _writable_file(args.json, "benchmark results")
     if args.threads < 1 or args.repeats < 1:
@@ -237,7 +237,7 @@ def _cmd_bench(args) -> int:
         if args.peers or args.device != "local-task":
             raise CliError("--op torch times training steps on the CPU beside eager and torch.compile already; "
                            "--peers and --device apply to the kernel cases")
-        from .bench_torch import run_torch_bench
+        from .tools.bench_torch import run_torch_bench
         result = run_torch_bench(quick=args.quick, threads=args.threads, repeats=args.repeats)
         if args.json:
             import json
@@ -372,7 +372,7 @@ def main(argv=None) -> int:
     if getattr(args, "jobs", None) is not None and args.jobs < 1:
         print("error: --jobs must be at least 1", file=sys.stderr)
         return 2
-    from .errors import AclnnError
+    from .core.errors import AclnnError
     from .runtime.device import DeviceUnavailable
     old = warnings.showwarning
     warnings.showwarning = _show_warning

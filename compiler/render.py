@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import io
 import os
-from importlib import resources
 
 import jinja2
 import jinja2.meta

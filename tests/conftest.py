@@ -92,7 +92,7 @@ def device(request):
 def on_device(device: str):
     """(grid_sampler_2d_backward, upsample_bilinear2d_backward) of the Pythonic layer bound to
     `device`; on GPUs the grid sampler runs in the deterministic mode only when asked."""
-    from aclnn_iree import api
+    from aclnn_iree.core import api
     return (functools.partial(api.grid_sampler_2d_backward, device=device),
             functools.partial(api.upsample_bilinear2d_backward, device=device))
 

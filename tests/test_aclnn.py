@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from aclnn_iree import aclnn as A
-from aclnn_iree import api
-from aclnn_iree import reference as R
+from aclnn_iree.core import api
+from aclnn_iree.ops import reference as R
 
 
 SUCCESS = A.ACLNN_SUCCESS

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aclnn_iree import bench
+from aclnn_iree.tools import bench
 
 torch = pytest.importorskip("torch")
 
@@ -32,7 +32,7 @@ def test_end_to_end_calls_run_as_users_call_them(monkeypatch):
     """The suite passes phase 2 a Device (its worker count); the e2e column and the tiny-call
     overhead call the Pythonic layer with the device's name, as users do, so small calls take
     the inline path users get (api.call_device), not a wake-up of the task workers."""
-    from aclnn_iree import api
+    from aclnn_iree.core import api
     from aclnn_iree.runtime.device import Device
     asked, chosen = [], []
     real = api.call_device
@@ -54,7 +54,7 @@ def test_end_to_end_calls_run_as_users_call_them(monkeypatch):
 def test_peers_compute_our_numbers_and_the_fastest_is_among_them(monkeypatch):
     """torch.compile (and JAX where installed) are timed beside us after their numbers are
     checked; a peer that computes something else is timed but never the fastest."""
-    from aclnn_iree import bench_peers
+    from aclnn_iree.tools import bench_peers
     peers = tuple(p for p, why in bench_peers.available_peers().items() if why is None)
     assert "torch_compile" in peers  # torch is installed here
     case = SMALL[0]
@@ -77,7 +77,7 @@ def test_peers_compute_our_numbers_and_the_fastest_is_among_them(monkeypatch):
 def test_a_failing_peer_is_left_out_of_its_case(monkeypatch):
     """A peer that raises on a case (inductor fails on some shapes) is reported in the row
     and left out of that case: never timed, never the fastest; the benchmark goes on."""
-    from aclnn_iree import bench_peers
+    from aclnn_iree.tools import bench_peers
 
     def failing(peer, case, arrays, cuda=False):
         def fn():
@@ -94,7 +94,7 @@ def test_torch_bench_leaves_out_a_failing_compiled_row(monkeypatch):
     """Inductor's codegen fails on some shapes (it asserts on 2 x 32 x 2000 x 1): the training
     step table records the error, warns in one line and leaves that row's cell out, and the
     other rows of the case are still timed and checked."""
-    from aclnn_iree import bench_torch
+    from aclnn_iree.tools import bench_torch
     real = bench_torch._step
 
     def step(case, torch, F, AT, ours, compiled):
@@ -124,7 +124,7 @@ def test_custom_op_overhead_measures_both_paths():
     autograd's first-order backward makes (below the op's autograd wrapper), each beside the
     Pythonic call on the same data; the Pythonic device setting is restored afterwards."""
     torch = pytest.importorskip("torch")
-    from aclnn_iree import bench_torch
+    from aclnn_iree.tools import bench_torch
     from aclnn_iree.torch import _bridge
     before = _bridge.get_cpu_device()
     r = bench_torch.custom_op_overhead_us(torch, repeats=3, blocks=2)

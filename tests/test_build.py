@@ -22,7 +22,7 @@ from aclnn_iree.compiler import GridSamplerSpec, UpsampleSpec, get_target
 from aclnn_iree.compiler.build import ArtifactStore
 from aclnn_iree.compiler.key import artifact_key
 from aclnn_iree.compiler.specs import all_specs
-from aclnn_iree.errors import ACLNN_ERR_INNER_FIND_KERNEL_ERROR, AclnnError
+from aclnn_iree.core.errors import ACLNN_ERR_INNER_FIND_KERNEL_ERROR, AclnnError
 from aclnn_iree.runtime import store
 from conftest import no_loaded_modules
 
@@ -358,7 +358,7 @@ def test_wheel_contains_templates_and_subpackages(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
                     str(wheels[0])], check=True, capture_output=True, timeout=600)
     code = ("import platformdirs, aclnn_iree; from aclnn_iree.runtime.store import PROJECT_ARTIFACTS; "
-            "from aclnn_iree.install import install_command; "
+            "from aclnn_iree.tools.install import install_command; "
             "print(aclnn_iree.__file__); print(PROJECT_ARTIFACTS); print(platformdirs.user_data_dir('aclnn-iree')); "
             "print(install_command('demo'))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=str(tmp_path),

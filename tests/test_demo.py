@@ -8,8 +8,9 @@ import pytest
 
 pytest.importorskip("skimage", reason="the demo photo comes from scikit-image (the demo extra)")
 
-from aclnn_iree import cli, demo  # noqa: E402
-from aclnn_iree import reference as R  # noqa: E402
+from aclnn_iree import cli  # noqa: E402
+from aclnn_iree.tools import demo
+from aclnn_iree.ops import reference as R  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 

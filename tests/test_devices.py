@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 
 from aclnn_iree import aclnn as A
-from aclnn_iree import api
-from aclnn_iree import reference as ref
+from aclnn_iree.core import api
+from aclnn_iree.ops import reference as ref
 from aclnn_iree.compiler.build import ArtifactStore
 from aclnn_iree.compiler.reflect import ptx_images, ptxas_report
 from aclnn_iree.compiler.specs import DTYPES, GridSamplerSpec, UpsampleSpec, all_specs
 from aclnn_iree.compiler.targets import get_target
-from aclnn_iree.errors import AclnnError
+from aclnn_iree.core.errors import AclnnError
 from aclnn_iree.runtime.store import cache_dir
 from conftest import DEVICES, device_missing, is_gpu, prepare_modules, require_device
 from test_grid_sampler import error_bounds, random_case

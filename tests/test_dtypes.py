@@ -1,6 +1,6 @@
 """float16 / bfloat16 / float64 accuracy of both ops (shared/SPEC.md part A, decision 4).
 
-Every dtype is compared with the float64 reference (aclnn_iree.reference) run on
+Every dtype is compared with the float64 reference (aclnn_iree.ops.reference) run on
 the *same, already rounded* inputs: the low-precision arrays are converted to
 float64 for the reference, so only the op's own arithmetic is measured.
 
@@ -91,10 +91,10 @@ import numpy as np
 import pytest
 
 from aclnn_iree import aclnn as A
-from aclnn_iree import api
+from aclnn_iree.core import api
 from conftest import on_device
-from aclnn_iree import reference as ref
-from aclnn_iree.errors import ACLNN_ERR_PARAM_INVALID, AclnnError
+from aclnn_iree.ops import reference as ref
+from aclnn_iree.core.errors import ACLNN_ERR_PARAM_INVALID, AclnnError
 
 
 @pytest.fixture(autouse=True)

@@ -32,7 +32,7 @@ import pytest
 
 import aclnn_iree
 from aclnn_iree import aclnn as A
-from aclnn_iree import reference as R
+from aclnn_iree.ops import reference as R
 from aclnn_iree.compiler import GridSamplerSpec, UpsampleSpec, get_target
 from aclnn_iree.compiler.build import ArtifactStore
 from aclnn_iree.runtime import kernels, store

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from aclnn_iree import aclnn as A
-from aclnn_iree import api
-from aclnn_iree import reference as R
-from aclnn_iree.errors import ACLNN_ERR_INNER_NULLPTR, ACLNN_ERR_PARAM_INVALID, ACLNN_SUCCESS as SUCCESS
-from aclnn_iree.tensors import empty_aligned
+from aclnn_iree.core import api
+from aclnn_iree.ops import reference as R
+from aclnn_iree.core.errors import ACLNN_ERR_INNER_NULLPTR, ACLNN_ERR_PARAM_INVALID, ACLNN_SUCCESS as SUCCESS
+from aclnn_iree.core.tensors import empty_aligned
 from test_aclnn import (BF16, assert_bitwise, assert_close, execute, expect_status, gs_arrays, gs_phase1,
                         gs_tensors, up_arrays, up_phase1)
 
@@ -415,7 +415,7 @@ def test_data_address_and_alignment_of_host_arrays():
     """Host arrays are imported where 16-byte aligned (the kernels' bindings say so) and copied
     otherwise; the address comes through ctypes' buffer protocol where it can (writable, at
     least a byte) and array.ctypes otherwise: the same number for every kind of array."""
-    from aclnn_iree.tensors import aligned, data_address
+    from aclnn_iree.core.tensors import aligned, data_address
     base = empty_aligned((64,), np.float32)
     ro = base.copy()
     ro.flags.writeable = False
@@ -444,7 +444,7 @@ def test_read_back_copies_device_memory(dtype):
     the bytes for a Storage whose dtype is a NumPy dtype or a scalar type (the torch layer's
     DLPack storages carry the latter), and an empty one without touching its buffer."""
     from aclnn_iree.runtime.device import get_device
-    from aclnn_iree.tensors import Storage, read_back
+    from aclnn_iree.core.tensors import Storage, read_back
     dev = get_device("local-sync")
     want = np.arange(12, dtype=np.float32).reshape(3, 4).astype(dtype)
     got = read_back(Storage(dev.upload(want), None, None, (3, 4), dtype, "ND"), dev)

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from aclnn_iree import aclnn as A
-from aclnn_iree import reference as R
-from aclnn_iree.errors import STATUS_NAMES
+from aclnn_iree.ops import reference as R
+from aclnn_iree.core.errors import STATUS_NAMES
 
 
 CODES = frozenset(STATUS_NAMES)

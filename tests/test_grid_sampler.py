@@ -4,7 +4,7 @@ reference, finite differences and known hard cases (SPEC part A, part B 2.x).
 Oracles
 -------
 * PyTorch 2.13 CPU (``torch.ops.aten.grid_sampler_2d_backward``), float32 and float64;
-* ``aclnn_iree.reference`` (float64 NumPy), which itself is checked against PyTorch;
+* ``aclnn_iree.ops.reference`` (float64 NumPy), which itself is checked against PyTorch;
 * torch-independent: central differences of the float64 forward
   ``reference.grid_sampler_2d`` (grad_grid) and the adjoint identity
   ``<forward(z, grid), g> == <z, grad_input(g, grid)>`` (grad_input).
@@ -26,8 +26,8 @@ import numpy as np
 import pytest
 
 from aclnn_iree import AclnnError
-from aclnn_iree import reference as ref
-from aclnn_iree.api import grid_sampler_2d_backward as gsb
+from aclnn_iree.ops import reference as ref
+from aclnn_iree.core.api import grid_sampler_2d_backward as gsb
 from conftest import is_gpu, on_device
 
 MODES = (0, 1, 2)  # bilinear, nearest, bicubic
@@ -864,7 +864,7 @@ MASKS = [(True, True), (True, False), (False, True)]
 _WORKER_CHILD = """
 import sys, numpy as np
 from aclnn_iree import aclnn as A
-from aclnn_iree.api import grid_sampler_2d_backward as gsb
+from aclnn_iree.core.api import grid_sampler_2d_backward as gsb
 from aclnn_iree.runtime.device import Device
 src, dst, which, specs, masks = sys.argv[1], sys.argv[2], sys.argv[3], eval(sys.argv[4]), eval(sys.argv[5])
 dev = which if which == "local-sync" else Device("local-task", threads=int(which))

@@ -37,8 +37,8 @@ import numpy as np
 import pytest
 
 import aclnn_iree.aclnn as A
-from aclnn_iree.tensors import tensor_over
-from aclnn_iree import reference as ref
+from aclnn_iree.core.tensors import tensor_over
+from aclnn_iree.ops import reference as ref
 
 pytestmark = pytest.mark.slow
 

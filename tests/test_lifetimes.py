@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from aclnn_iree import aclnn as A
-from aclnn_iree import reference as R
+from aclnn_iree.ops import reference as R
 from conftest import require_device
 
 SUCCESS = A.ACLNN_SUCCESS
@@ -39,7 +39,7 @@ _DESTROY_WHILE_QUEUED = """
     import gc, sys
     import numpy as np
     from aclnn_iree.aclnn import *
-    from aclnn_iree import reference as R
+    from aclnn_iree.ops import reference as R
     op, repeatable, device = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
     st, s = aclrtCreateStream(device)
     rng = np.random.default_rng(0)
@@ -337,8 +337,8 @@ def test_ctrl_c_at_random_points_never_wedges_the_stream(device):
     out = run_child(f"""
         import random, signal, time
         import numpy as np
-        from aclnn_iree import api
-        from aclnn_iree import reference as R
+        from aclnn_iree.core import api
+        from aclnn_iree.ops import reference as R
         go = np.random.default_rng(0).standard_normal((1, 2, 8, 8)).astype(np.float32)
         want = R.upsample_bilinear2d_backward(go.astype(np.float64), (8, 8), (1, 2, 4, 4), False)
         def raise_interrupt(signum, frame):
@@ -369,7 +369,8 @@ def test_a_second_interrupt_while_the_first_is_handled_never_wedges_the_stream()
     owed and the stream's next use signals it: the next call and synchronize return."""
     out = run_child("""
         import numpy as np
-        from aclnn_iree import aclnn as A, api
+        from aclnn_iree import aclnn as A
+        from aclnn_iree.core import api
         from aclnn_iree.runtime import device as D, kernels as K
         go = np.ones((1, 1, 4, 4), np.float32)
         api.upsample_bilinear2d_backward(go, (4, 4), (1, 1, 2, 2))  # loaded, executor kept

@@ -78,9 +78,9 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 from hypothesis.extra import numpy as hnp
 
-from aclnn_iree import api
+from aclnn_iree.core import api
 from conftest import on_device
-from aclnn_iree import reference as ref
+from aclnn_iree.ops import reference as ref
 
 
 @pytest.fixture(autouse=True)

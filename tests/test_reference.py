@@ -1,4 +1,4 @@
-"""The float64 NumPy reference (aclnn_iree.reference) against PyTorch CPU.
+"""The float64 NumPy reference (aclnn_iree.ops.reference) against PyTorch CPU.
 
 PyTorch is the oracle (SPEC part A.1); both sides compute in float64, so the
 tolerance is ~1e-10 relative to the magnitude of the data.
@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from aclnn_iree import reference as ref  # noqa: E402
+from aclnn_iree.ops import reference as ref  # noqa: E402
 
 RTOL = 1e-10
 

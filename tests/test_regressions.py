@@ -7,7 +7,7 @@ import pytest
 import aclnn_iree
 from aclnn_iree import AclnnError
 from aclnn_iree import aclnn as A
-from aclnn_iree import reference as R
+from aclnn_iree.ops import reference as R
 
 
 # IREE caps a dispatch at 65535 workgroups per dimension: a workgroup grid of (.., .., N)

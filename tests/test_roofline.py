@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from aclnn_iree import roofline
+from aclnn_iree.tools import roofline
 from aclnn_iree.compiler import specs, targets
 from aclnn_iree.compiler.compile import compiler_available
 from aclnn_iree.compiler.render import render

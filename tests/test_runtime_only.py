@@ -52,9 +52,10 @@ def test_prebuilt_modules_run_and_missing_ones_name_the_build(tmp_path, capsys):
     proc = _run_without_compiler("""
         import json
         import numpy as np
-        from aclnn_iree import api, reference
+        from aclnn_iree.core import api
+        from aclnn_iree.ops import reference
         from aclnn_iree.compiler.compile import compiler_available
-        from aclnn_iree.errors import AclnnError
+        from aclnn_iree.core.errors import AclnnError
         from aclnn_iree.runtime.kernels import load_module
         from aclnn_iree.runtime.device import get_device
         from aclnn_iree.compiler import UpsampleSpec
@@ -91,8 +92,8 @@ def test_prebuilt_modules_run_and_missing_ones_name_the_build(tmp_path, capsys):
     (out / "manifest.json").write_text(json.dumps(m))
     proc = _run_without_compiler("""
         import numpy as np
-        from aclnn_iree import api
-        from aclnn_iree.errors import AclnnError
+        from aclnn_iree.core import api
+        from aclnn_iree.core.errors import AclnnError
         try:
             api.upsample_bilinear2d_backward(np.ones((1, 1, 2, 2)), (2, 2), (1, 1, 1, 1), False)
         except AclnnError as e:

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from aclnn_iree import stereo as S
+from aclnn_iree.tools import stereo as S
 
 INF = np.inf
 
@@ -182,7 +182,7 @@ def quick_job(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("skimage")
     pytest.importorskip("matplotlib")
-    from aclnn_iree.stereo_demo import run_stereo_demo
+    from aclnn_iree.tools.stereo_demo import run_stereo_demo
     out = tmp_path_factory.mktemp("demo")
     lines = []
     results = run_stereo_demo(str(out), quick=True, backward="both", progress=False, log=lines.append)
@@ -230,7 +230,7 @@ def test_quick_job_writes_its_files_and_summary(quick_job):
 def test_openmp_spin_is_limited_only_where_nobody_chose():
     """The demo limits libgomp's spinning unless the user set GOMP_SPINCOUNT or OMP_WAIT_POLICY,
     or PyTorch (and so libgomp) is already loaded, where it would have no effect."""
-    from aclnn_iree.stereo_demo import OPENMP_SPINCOUNT, limit_openmp_spin
+    from aclnn_iree.tools.stereo_demo import OPENMP_SPINCOUNT, limit_openmp_spin
     env = {}
     assert limit_openmp_spin(env, loaded=False) == {"GOMP_SPINCOUNT": OPENMP_SPINCOUNT, "OMP_WAIT_POLICY": None,
                                                     "set_by_demo": True}
@@ -252,7 +252,7 @@ def test_figure_leaves_pyplot_and_the_backend_alone(tmp_path, monkeypatch):
     switches the caller's backend (a notebook calling run_stereo_demo keeps its own)."""
     matplotlib = pytest.importorskip("matplotlib")
     pytest.importorskip("PIL")
-    from aclnn_iree.stereo_demo import _figure
+    from aclnn_iree.tools.stereo_demo import _figure
 
     def refuse(*_a, **_k):
         raise AssertionError("the figure switched matplotlib's backend")

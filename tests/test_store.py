@@ -22,7 +22,7 @@ import pytest
 import aclnn_iree
 from aclnn_iree.compiler import GridSamplerSpec, UpsampleSpec, get_target
 from aclnn_iree.compiler.build import ArtifactStore
-from aclnn_iree.errors import ACLNN_ERR_INNER_FIND_KERNEL_ERROR, AclnnError
+from aclnn_iree.core.errors import ACLNN_ERR_INNER_FIND_KERNEL_ERROR, AclnnError
 from aclnn_iree.runtime import kernels, store
 from conftest import no_loaded_modules
 

@@ -30,8 +30,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from aclnn_iree import api
-from aclnn_iree import reference as ref
+from aclnn_iree.core import api
+from aclnn_iree.ops import reference as ref
 from conftest import DEVICES, prepare_modules, require_device
 from test_dtypes import K_TERM, grid_abs_sums
 

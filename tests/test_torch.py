@@ -236,7 +236,7 @@ def test_every_mode_and_mask_runs_into_pytorchs_tensors(inline, monkeypatch):
     """The custom op writes its gradients into tensors PyTorch allocated, for every mode and
     output mask, inline (local-sync) and on the task workers: the Pythonic call's bits.
     (A nearest grid gradient alone is a fill, which IREE refused on DLPack-imported memory.)"""
-    from aclnn_iree import api
+    from aclnn_iree.core import api
     monkeypatch.setattr(api, "INLINE_WORK", {"grid": 10 ** 9 if inline else -1, "upsample": 10 ** 9,
                                                 "upsample_same": 10 ** 9})
     rng = np.random.default_rng(5)
@@ -281,7 +281,7 @@ def test_no_copies_of_contiguous_tensors_on_the_cpu(monkeypatch):
         assert du.is_contiguous(memory_format=torch.channels_last)
         assert seen == [(gu.data_ptr(), gu.data_ptr()), (du.data_ptr(), du.data_ptr())]
     seen.clear()
-    from aclnn_iree.tensors import empty_aligned
+    from aclnn_iree.core.tensors import empty_aligned
     raw = empty_aligned((2 * 3 * 6 * 6 + 4,), np.float32)  # on a 64-byte line ...
     raw[...] = 1
     off16 = torch.from_numpy(raw[4:].reshape(2, 3, 6, 6))  # ... so this starts 16 bytes past one

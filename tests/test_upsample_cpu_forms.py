@@ -24,9 +24,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aclnn_iree import aclnn as A
-from aclnn_iree.tensors import tensor_over
-from aclnn_iree import api
-from aclnn_iree import reference as R
+from aclnn_iree.core.tensors import tensor_over
+from aclnn_iree.core import api
+from aclnn_iree.ops import reference as R
 from aclnn_iree.compiler import specs
 from test_dtypes import BF16, F16, F32, F64, UpsampleCase, check_case, error_bound
 

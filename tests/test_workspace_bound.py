@@ -28,7 +28,7 @@ from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 
 from aclnn_iree import aclnn as A
-from aclnn_iree import api
+from aclnn_iree.core import api
 from aclnn_iree.compiler import specs
 from aclnn_iree.compiler.specs import DGRID_POINTS_MAX_CHANNELS
 
@@ -181,7 +181,7 @@ import numpy as np
 from aclnn_iree.compiler.specs import GridSamplerSpec
 from aclnn_iree.runtime.device import get_device
 from aclnn_iree.runtime.kernels import load_module
-from aclnn_iree.tensors import view_over
+from aclnn_iree.core.tensors import view_over
 dev = get_device("local-task")
 out = []
 for mode in ("bilinear", "nearest", "bicubic"):
@@ -266,7 +266,7 @@ def _check_gpu_call(shape, dtype, mode, pad, ac, mask, seed):
     (workspace bytes, the largest input's bytes)."""
     from conftest import require_device
     from test_dtypes import grid_abs_sums
-    from aclnn_iree import reference as ref
+    from aclnn_iree.ops import reference as ref
     require_device(GPU)
     go, x, grid = _arrays(np.random.default_rng(seed), shape, dtype)
     ws = _workspace(go, x, grid, mode, pad, ac, mask, device=GPU)

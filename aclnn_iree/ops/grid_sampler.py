@@ -6,11 +6,11 @@ their order: SPEC part B 2.2.
 from __future__ import annotations
 
 from ..compiler.specs import INTERPOLATION_MODES, PADDING_MODES, GridSamplerSpec
-from ..errors import ACLNN_ERR_PARAM_INVALID as INVALID
-from ..errors import ACLNN_ERR_PARAM_NULLPTR as NULLPTR
-from ..errors import brief
-from ..tensors import aclBoolArray
-from ..validation import (bool_attr, dtype_name, fail, int_attr, no_alias, rank, same_device, same_dtype, supported_dtype,
+from ..core.errors import ACLNN_ERR_PARAM_INVALID as INVALID
+from ..core.errors import ACLNN_ERR_PARAM_NULLPTR as NULLPTR
+from ..core.errors import brief
+from ..core.tensors import aclBoolArray
+from ..core.validation import (bool_attr, dtype_name, fail, int_attr, no_alias, rank, same_device, same_dtype, supported_dtype,
                           tensor_arg)
 from . import Binding
 

@@ -11,11 +11,11 @@ import math
 import numpy as np
 
 from ..compiler.specs import UpsampleSpec
-from ..errors import ACLNN_ERR_PARAM_INVALID as INVALID
-from ..errors import ACLNN_ERR_PARAM_NULLPTR as NULLPTR
-from ..errors import brief
-from ..tensors import aclIntArray, tensor_over
-from ..validation import (bool_attr, dtype_name, fail, no_alias, rank, same_device, scale_arg, supported_dtype,
+from ..core.errors import ACLNN_ERR_PARAM_INVALID as INVALID
+from ..core.errors import ACLNN_ERR_PARAM_NULLPTR as NULLPTR
+from ..core.errors import brief
+from ..core.tensors import aclIntArray, tensor_over
+from ..core.validation import (bool_attr, dtype_name, fail, no_alias, rank, same_device, scale_arg, supported_dtype,
                           tensor_arg)
 from . import Binding
 

@@ -18,10 +18,10 @@ import ml_dtypes
 import numpy as np
 import torch
 
-from .. import api
-from ..errors import AclnnError
+from ..core import api
+from ..core.errors import AclnnError
 from ..runtime.device import DeviceUnavailable, get_device
-from ..tensors import HOST_ALIGNMENT, Storage, host_storage, no_storage, read_back, storage_of
+from ..core.tensors import HOST_ALIGNMENT, Storage, host_storage, no_storage, read_back, storage_of
 
 __all__ = ["set_cpu_device", "get_cpu_device", "SUPPORTED_DTYPES", "grid_sampler_backward", "upsample_backward",
            "iree_device_for", "is_channels_last"]

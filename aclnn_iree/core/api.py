@@ -16,12 +16,12 @@ import threading
 import numpy as np
 
 from . import aclnn as A
-from .runtime import kernels
-from .runtime.device import on_fork_in_child
+from ..runtime import kernels
+from ..runtime.device import on_fork_in_child
 from .errors import ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_PARAM_NULLPTR, ACLNN_SUCCESS, AclnnError
 from .tensors import (HOST_ALIGNMENT, Storage, aclTensor, empty_aligned, host_storage, no_storage, read_back, storage_of,
                       view_over)
-from .ops.grid_sampler import INTERPOLATION_NAMES, PADDING_NAMES
+from ..ops.grid_sampler import INTERPOLATION_NAMES, PADDING_NAMES
 
 __all__ = ["grid_sampler_2d_backward", "upsample_bilinear2d_backward", "thread_stream", "run_grid_sampler",
            "run_upsample"]

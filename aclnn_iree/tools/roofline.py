@@ -30,8 +30,8 @@ import shutil
 import subprocess
 import tempfile
 
-from .compiler.specs import GRID_DX_CHANNEL_BLOCK
-from .compiler.targets import CPU_ARCH_ENV
+from ..compiler.specs import GRID_DX_CHANNEL_BLOCK
+from ..compiler.targets import CPU_ARCH_ENV
 
 __all__ = ["PARTS", "Part", "kernel_assembly", "part_lines", "pixel_width", "part_instructions", "throughput_cycles",
            "case_roofline", "mca_cpu", "run_roofline"]
@@ -87,9 +87,9 @@ def kernel_assembly(spec, workdir: str) -> tuple:
     """(MLIR source lines, x86 assembly text) of the llvm-cpu module of GridSamplerSpec
     `spec` for this machine's CPU, compiled in `workdir` with IREE's executable
     intermediates kept.  Raises compiler.compile.CompileError / CompilerMissing."""
-    from .compiler import targets
-    from .compiler.compile import compile_file
-    from .compiler.render import render
+    from ..compiler import targets
+    from ..compiler.compile import compile_file
+    from ..compiler.render import render
     target = targets.target_for_driver("local-task")
     path = os.path.join(workdir, "module.mlir")
     with open(path, "w", encoding="utf-8") as f:
@@ -221,7 +221,7 @@ def part_instructions(asm: str, func: str, lines) -> list:
 def mca_cpu() -> str:
     """The CPU llvm-mca models: the one the CPU kernels are compiled for, i.e. the LLVM CPU
     named by ACLNN_IREE_CPU_ARCH, or "native" (this machine's) when it is unset."""
-    from .compiler import targets
+    from ..compiler import targets
     arch = targets.target_for_driver("local-task").arch
     return "native" if arch == "host" else arch
 
@@ -320,8 +320,8 @@ def run_roofline(threads: int, repeats: int, quick: bool = False) -> list:
     RuntimeError naming what is missing (see missing()), CompileError from the compiler."""
     import numpy as np
     from . import bench
-    from .compiler import specs
-    from .runtime.device import Device
+    from ..compiler import specs
+    from ..runtime.device import Device
     lack = missing()
     if lack:
         raise RuntimeError(f"--roofline needs {lack}")

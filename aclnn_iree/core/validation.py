@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .compiler.specs import DTYPES
+from ..compiler.specs import DTYPES
 from .errors import ACLNN_ERR_PARAM_INVALID as INVALID
 from .errors import ACLNN_ERR_PARAM_NULLPTR as NULLPTR
 from .errors import AclnnError, brief

@@ -1,6 +1,6 @@
 """`aclnn-iree bench --op torch`: training steps through aclnn_iree.torch beside PyTorch's.
 
-For each suite case (aclnn_iree.bench.CASES, float32, same data and thread count) one
+For each suite case (aclnn_iree.tools.bench.CASES, float32, same data and thread count) one
 training step is the forward and the backward of grid_sample (w.r.t. input and grid) or of
 interpolate(mode="bilinear") (w.r.t. input), timed four ways in alternating blocks:
 
@@ -72,8 +72,8 @@ def custom_op_overhead_us(torch, repeats: int = 200, blocks: int = 10) -> dict:
     op, ...): each call's time is the least of its block medians, the overhead the median
     of the pairs' differences, so that a drift of the machine's speed between blocks (tens
     of microseconds on a shared VM) falls on both sides of each difference."""
-    from . import api
-    from .torch import _bridge
+    from ..core import api
+    from ..torch import _bridge
     x = torch.ones(1, 1, 4, 4)
     g = torch.zeros(1, 4, 4, 2)
     op = torch.ops.aclnn_iree.grid_sampler_2d_backward

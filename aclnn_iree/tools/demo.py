@@ -46,7 +46,7 @@ import time
 
 import numpy as np
 
-from . import reference as R
+from ..ops import reference as R
 
 __all__ = ["PHOTO_CREDIT", "load_photo", "affine_grid", "affine_theta", "register_affine",
            "learn_lowres", "lowres_crop_check", "axis_matrix", "run_demo"]
@@ -164,7 +164,7 @@ def _loss_and_grad(theta, photo, target, device):
     resid = sampled - target
     loss = float(np.mean(resid * resid))
     grad_out = (2.0 / resid.size) * resid
-    from .api import grid_sampler_2d_backward
+    from ..core.api import grid_sampler_2d_backward
     _, dgrid = grid_sampler_2d_backward(grad_out[None, None].astype(np.float32), photo[None, None].astype(np.float32),
                                         grid.astype(np.float32), interpolation_mode=0, padding_mode=1,
                                         align_corners=False, output_mask=(False, True), device=device)
@@ -229,7 +229,7 @@ def _upsample(x, out_hw):
 
 def _upsample_grad(r, in_hw, device):
     """A^T r for the bilinear upsampling A: (in_hw) -> r.shape, from OUR kernel (float32)."""
-    from .api import upsample_bilinear2d_backward
+    from ..core.api import upsample_bilinear2d_backward
     H, W = r.shape
     g = upsample_bilinear2d_backward(r[None, None].astype(np.float32), (H, W), (1, 1, *in_hw), align_corners=False,
                                      device=device)

@@ -13,8 +13,8 @@ from typing import NamedTuple
 import iree.runtime as rt
 import numpy as np
 
-from .runtime.device import Device, element_type, get_device
-from .runtime.timeline import Timeline
+from ..runtime.device import Device, element_type, get_device
+from ..runtime.timeline import Timeline
 
 __all__ = ["aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer", "FORMATS",
            "hal_element_type", "Storage", "host_storage", "storage_of", "no_storage", "view_over", "tensor_over",

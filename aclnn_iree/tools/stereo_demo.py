@@ -1,4 +1,4 @@
-"""`aclnn-iree demo`: the stereo job (aclnn_iree.stereo) with its figure, files and summary.
+"""`aclnn-iree demo`: the stereo job (aclnn_iree.tools.stereo) with its figure, files and summary.
 
 Writes into `out_dir`:
 

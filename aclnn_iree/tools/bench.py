@@ -28,9 +28,9 @@ import time
 
 import numpy as np
 
-from . import aclnn as A
-from .api import grid_sampler_2d_backward, upsample_bilinear2d_backward
-from .runtime.device import Device, get_device
+from ..core import aclnn as A
+from ..core.api import grid_sampler_2d_backward, upsample_bilinear2d_backward
+from ..runtime.device import Device, get_device
 
 __all__ = ["CASES", "Case", "alternating_medians", "compulsory_bytes", "copy_bandwidth", "run_bench"]
 
@@ -345,16 +345,16 @@ def _child_main(case_name: str, device: str, threads: int, repeats: int):
 def _in_child(case_name: str, device: str, threads: int, repeats: int) -> dict:
     import subprocess
     import sys
-    code = f"from aclnn_iree.bench import _child_main; _child_main({case_name!r}, {device!r}, {threads}, {repeats})"
+    code = f"from aclnn_iree.tools.bench import _child_main; _child_main({case_name!r}, {device!r}, {threads}, {repeats})"
     proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def compile_times(jobs: int, quick: bool) -> dict:
     """Seconds to compile all CPU specialisations into an empty store, and one alone (JIT)."""
-    from .compiler.build import ArtifactStore
-    from .compiler.specs import GridSamplerSpec, all_specs
-    from .compiler.targets import TARGETS
+    from ..compiler.build import ArtifactStore
+    from ..compiler.specs import GridSamplerSpec, all_specs
+    from ..compiler.targets import TARGETS
     dtypes = ["float32"] if quick else None
     with tempfile.TemporaryDirectory() as d:
         t = time.perf_counter()
