@@ -208,17 +208,21 @@ MAX_THREADS = 1024
 
 
 def _roofline(args) -> int:
-    from .tools import roofline
+    from .ops.registry import OPERATORS
     if args.peers or args.device != "local-task" or args.op or args.json:
-        raise CliError("--roofline measures the CPU grid sampler on its own; --peers, --device, --op and --json "
-                       "do not apply")
-    lack = roofline.missing()
-    if lack:
-        raise CliError(f"--roofline needs {lack}")
-    try:
-        roofline.run_roofline(args.threads, args.repeats, quick=args.quick)
-    except RuntimeError as e:  # llvm-mca failed, or has no model of this CPU's instructions
-        raise CliError(str(e)) from None
+        raise CliError("--roofline measures the CPU kernels that have a roofline model on their own; --peers, "
+                       "--device, --op and --json do not apply")
+    for op in OPERATORS:
+        if op.roofline is None:
+            continue
+        roofline = op.load("roofline")
+        lack = roofline.missing()
+        if lack:
+            raise CliError(f"--roofline needs {lack}")
+        try:
+            roofline.run_roofline(args.threads, args.repeats, quick=args.quick)
+        except RuntimeError as e:  # llvm-mca failed, or has no model of this CPU's instructions
+            raise CliError(str(e)) from None
     return 0
 
 
@@ -244,15 +248,15 @@ def _cmd_bench(args) -> int:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
         return 0
-    ops = [{"grid_sampler_2d_backward": "grid", "upsample_bilinear2d_backward": "upsample"}[o]
-           for o in (args.op or [])]
-    run_bench(quick=args.quick, threads=args.threads, device=args.device, ops=ops or None,
+    run_bench(quick=args.quick, threads=args.threads, device=args.device, ops=args.op or None,
               repeats=args.repeats, json_path=args.json, compile=not args.no_compile, peers=args.peers)
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .compiler.specs import DTYPES, OPS
+    from .compiler.specs import DTYPES
+    from .ops.registry import OPERATORS
+    op_names = [op.name for op in OPERATORS]
     from .compiler.targets import TARGETS
 
     p = argparse.ArgumentParser(
@@ -266,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     def selection(sp, target_default):
         sp.add_argument("--target", action="append", choices=list(TARGETS),
                         help=f"compile target (repeatable; default: {target_default})")
-        sp.add_argument("--op", action="append", choices=list(OPS), help="operator (repeatable; default: all)")
+        sp.add_argument("--op", action="append", choices=op_names, help="operator (repeatable; default: all)")
         sp.add_argument("--dtype", action="append", choices=list(DTYPES), help="dtype (repeatable; default: all)")
         sp.add_argument("--kernel", action="append", metavar="GLOB",
                         help="only kernels whose name matches this shell pattern (repeatable), "
@@ -321,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     bn.add_argument("--threads", type=int, default=2, help="threads for us and for PyTorch (default 2)")
     bn.add_argument("--device", default="local-task", help="IREE device (default local-task)")
-    bn.add_argument("--op", action="append", choices=list(OPS) + ["torch"],
+    bn.add_argument("--op", action="append", choices=op_names + ["torch"],
                     help="operator (repeatable; default: both); 'torch': training steps (forward + backward) "
                          "through aclnn_iree.torch beside PyTorch eager and torch.compile")
     bn.add_argument("--repeats", type=int, default=10, help="timed runs per measurement (median; default 10)")

@@ -97,8 +97,10 @@ def dtype_info(dtype) -> DTypeInfo:
 
 class KernelSpec:
     """What every specialisation shares; each operator's frozen dataclass below adds its own
-    fields (at least `align_corners` and `dtype`) and the class attributes `op` (its name in
-    kernel names) and `template` (its template family's root file)."""
+    fields (at least `align_corners` and `dtype`), the class attributes `op` (its name in
+    kernel names: the operator's name in the registry, aclnn_iree/ops/registry.py) and
+    `template` (its template family's root, `<family>/module.mlir.j2`), and the classmethod
+    `enumerate(dtypes)` (every specialisation, for all_specs)."""
 
     def _validate_dtype(self):
         dtype_info(self.dtype)
@@ -179,6 +181,12 @@ class GridSamplerSpec(KernelSpec):
             names += (self.kernel_name + "_dgrid_points", self.kernel_name + "_points")
         return names
 
+    @classmethod
+    def enumerate(cls, dtypes) -> Iterator["GridSamplerSpec"]:
+        """Every specialisation of the operator in `dtypes`."""
+        for m, p, ac, dt in itertools.product(INTERPOLATION_MODES, PADDING_MODES, (False, True), dtypes):
+            yield cls(m, p, ac, dt)
+
     def template_params(self, target=None) -> dict:
         """The template's parameters for `target` (default: a CPU target)."""
         d = DTYPES[self.dtype]
@@ -226,6 +234,12 @@ class UpsampleSpec(KernelSpec):
     def function_names(self, target=None) -> tuple:
         return (self.kernel_name, self.kernel_name + "_same_size")
 
+    @classmethod
+    def enumerate(cls, dtypes) -> Iterator["UpsampleSpec"]:
+        """Every specialisation of the operator in `dtypes`."""
+        for ac, dt, lay in itertools.product((False, True), dtypes, LAYOUTS):
+            yield cls(ac, dt, lay)
+
     def template_params(self, target=None) -> dict:
         """The template's parameters for `target` (default: a CPU target)."""
         params = self._common_params(target)
@@ -235,18 +249,17 @@ class UpsampleSpec(KernelSpec):
 
 
 Spec = Union[GridSamplerSpec, UpsampleSpec]
-OPS = {GridSamplerSpec.op: GridSamplerSpec, UpsampleSpec.op: UpsampleSpec}
 
 
 def all_specs(ops=None, dtypes=None) -> Iterator[Spec]:
-    """Every specialisation that exists, optionally filtered by op and dtype names."""
-    ops = tuple(ops or OPS)
+    """Every specialisation that exists, optionally filtered by operator and dtype names: each
+    operator of the registry (aclnn_iree.ops.registry) in its order, its spec class's
+    `enumerate(dtypes)`.  Raises KeyError for an unknown operator or dtype."""
+    from ..ops.registry import OPERATORS, get
     dtypes = tuple(dtypes or DTYPES)
     for dt in dtypes:
         dtype_info(dt)
-    if GridSamplerSpec.op in ops:
-        for m, p, ac, dt in itertools.product(INTERPOLATION_MODES, PADDING_MODES, (False, True), dtypes):
-            yield GridSamplerSpec(m, p, ac, dt)
-    if UpsampleSpec.op in ops:
-        for ac, dt, lay in itertools.product((False, True), dtypes, LAYOUTS):
-            yield UpsampleSpec(ac, dt, lay)
+    wanted = {get(name).name for name in ops} if ops else None
+    for op in OPERATORS:
+        if wanted is None or op.name in wanted:
+            yield from op.spec.enumerate(dtypes)

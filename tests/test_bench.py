@@ -9,10 +9,10 @@ from aclnn_iree.tools import bench
 
 torch = pytest.importorskip("torch")
 
-SMALL = [bench.Case("grid_reflection_small", "grid", (2, 3, 9, 11, 7, 5), 0, 2, False),
-         bench.Case("up_nhwc_small", "upsample", (2, 5, 6, 7, 13, 10), layout="NHWC"),
+SMALL = [bench.Case("grid_reflection_small", "grid_sampler_2d_backward", (2, 3, 9, 11, 7, 5), 0, 2, False),
+         bench.Case("up_nhwc_small", "upsample_bilinear2d_backward", (2, 5, 6, 7, 13, 10), layout="NHWC"),
          # H = W = C: the NHWC result has PyTorch's NCHW shape, and must still be transposed.
-         bench.Case("up_nhwc_square", "upsample", (2, 4, 4, 4, 8, 8), layout="NHWC")]
+         bench.Case("up_nhwc_square", "upsample_bilinear2d_backward", (2, 4, 4, 4, 8, 8), layout="NHWC")]
 
 
 @pytest.mark.parametrize("case", SMALL, ids=lambda c: c.name)
@@ -32,16 +32,16 @@ def test_end_to_end_calls_run_as_users_call_them(monkeypatch):
     """The suite passes phase 2 a Device (its worker count); the e2e column and the tiny-call
     overhead call the Pythonic layer with the device's name, as users do, so small calls take
     the inline path users get (api.call_device), not a wake-up of the task workers."""
-    from aclnn_iree.core import api
+    from aclnn_iree.ops import Operator
     from aclnn_iree.runtime.device import Device
     asked, chosen = [], []
-    real = api.call_device
+    real = Operator.call_device
 
-    def spy(device, op, work):
+    def spy(self, device, work, kind=""):
         asked.append(device)
-        chosen.append(real(device, op, work))
+        chosen.append(real(self, device, work, kind))
         return chosen[-1]
-    monkeypatch.setattr(api, "call_device", spy)
+    monkeypatch.setattr(Operator, "call_device", spy)
     dev = Device("local-task", threads=2)
     bench.run_case(SMALL[1], dev, repeats=1)
     assert asked and all(d == "local-task" for d in asked), asked

@@ -20,6 +20,7 @@ import pytest
 
 from aclnn_iree import aclnn as A
 from aclnn_iree.core import api
+from aclnn_iree.ops import grid_sampler, upsample
 from aclnn_iree.ops import reference as R
 from aclnn_iree.core.errors import ACLNN_ERR_INNER_NULLPTR, ACLNN_ERR_PARAM_INVALID, ACLNN_SUCCESS as SUCCESS
 from aclnn_iree.core.tensors import empty_aligned
@@ -304,15 +305,17 @@ def test_kept_executors_are_bounded():
 
 # ----------------------------------------------------------------------------- inline small calls
 def test_small_calls_run_inline_on_local_sync():
-    assert api.call_device("local-task", "grid", api.INLINE_WORK["grid"]) == "local-sync"
-    assert api.call_device("local-task", "grid", api.INLINE_WORK["grid"] + 1) == "local-task"
-    assert api.call_device("local-task", "upsample", 10) == "local-sync"
-    assert api.call_device("vulkan", "upsample", 10) == "vulkan"
-    assert api.call_device("local-sync", "grid", 10**9) == "local-sync"
+    GS, UP = grid_sampler.OPERATOR, upsample.OPERATOR
+    assert GS.call_device("local-task", GS.inline_work[""]) == "local-sync"
+    assert GS.call_device("local-task", GS.inline_work[""] + 1) == "local-task"
+    assert UP.call_device("local-task", 10) == "local-sync"
+    assert UP.call_device("vulkan", 10) == "vulkan"
+    assert GS.call_device("local-sync", 10**9) == "local-sync"
     # a same-size upsample is a copy: inline up to a larger bound
-    assert api.INLINE_WORK["upsample_same"] > api.INLINE_WORK["upsample"]
-    assert api.upsample_kind((2, 3, 5, 6), (2, 3, 5, 6)) == "upsample_same"
-    assert api.upsample_kind((2, 3, 5, 6), (2, 3, 5, 7)) == "upsample"
+    assert UP.inline_work["same_size"] > UP.inline_work[""]
+    assert UP.call_device("local-task", UP.inline_work[""] + 1, "same_size") == "local-sync"
+    assert upsample.call_kind((2, 3, 5, 6), (2, 3, 5, 6)) == "same_size"
+    assert upsample.call_kind((2, 3, 5, 6), (2, 3, 5, 7)) == ""
 
 
 @pytest.mark.parametrize("mode,pad,ac", [(0, 0, False), (1, 1, True), (2, 2, False), (0, 2, True)])
@@ -320,7 +323,9 @@ def test_inline_and_threaded_runs_agree_bitwise(mode, pad, ac, monkeypatch):
     """Calls under the inline bound run on local-sync instead of local-task: both devices run
     the same kernels with the same summation order, so the same bits (compared here with the
     bound lowered so that local-task really runs on its workers)."""
-    monkeypatch.setattr(api, "INLINE_WORK", {"grid": -1, "upsample": -1, "upsample_same": -1})
+    for op in (grid_sampler.OPERATOR, upsample.OPERATOR):
+        for kind in op.inline_work:
+            monkeypatch.setitem(op.inline_work, kind, -1)
     rng = np.random.default_rng(mode * 7 + pad)
     for C in (3, 17):
         go, x, grid = gs_arrays(N=2, C=C, H=20, W=23, Ho=19, Wo=21, seed=C)

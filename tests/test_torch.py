@@ -204,8 +204,9 @@ def test_interpolate_gradients_match_pytorch_and_our_kernel(direction, ac, layou
 def test_output_mask_follows_needs_input_grad(monkeypatch):
     """A gradient autograd does not need is never computed."""
     seen = []
-    real = _bridge.grid_sampler_backward
-    monkeypatch.setattr(_bridge, "grid_sampler_backward", lambda *a: seen.append(list(a[-1])) or real(*a))
+    from aclnn_iree.torch import grid_sampler as torch_grid_sampler
+    real = torch_grid_sampler.grid_sampler_backward
+    monkeypatch.setattr(torch_grid_sampler, "grid_sampler_backward", lambda *a: seen.append(list(a[-1])) or real(*a))
     x, g = torch.randn(1, 2, 5, 5), torch.rand(1, 3, 3, 2) * 2 - 1
     for xr, gr in ((True, False), (False, True), (True, True)):
         xi, gi = x.clone().requires_grad_(xr), g.clone().requires_grad_(gr)
@@ -236,9 +237,8 @@ def test_every_mode_and_mask_runs_into_pytorchs_tensors(inline, monkeypatch):
     """The custom op writes its gradients into tensors PyTorch allocated, for every mode and
     output mask, inline (local-sync) and on the task workers: the Pythonic call's bits.
     (A nearest grid gradient alone is a fill, which IREE refused on DLPack-imported memory.)"""
-    from aclnn_iree.core import api
-    monkeypatch.setattr(api, "INLINE_WORK", {"grid": 10 ** 9 if inline else -1, "upsample": 10 ** 9,
-                                                "upsample_same": 10 ** 9})
+    from aclnn_iree.ops import grid_sampler
+    monkeypatch.setitem(grid_sampler.OPERATOR.inline_work, "", 10 ** 9 if inline else -1)
     rng = np.random.default_rng(5)
     x, go = rng.standard_normal((2, 3, 6, 7)), rng.standard_normal((2, 3, 4, 5))
     grid = rng.uniform(-1.2, 1.2, (2, 4, 5, 2))

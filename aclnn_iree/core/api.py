@@ -21,6 +21,7 @@ from ..runtime.device import on_fork_in_child
 from .errors import ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_PARAM_NULLPTR, ACLNN_SUCCESS, AclnnError
 from .tensors import (HOST_ALIGNMENT, Storage, aclTensor, empty_aligned, host_storage, no_storage, read_back, storage_of,
                       view_over)
+from ..ops import grid_sampler, upsample
 from ..ops.grid_sampler import INTERPOLATION_NAMES, PADDING_NAMES
 
 __all__ = ["grid_sampler_2d_backward", "upsample_bilinear2d_backward", "thread_stream", "run_grid_sampler",
@@ -36,29 +37,12 @@ def _forget_streams():
     _tls = threading.local()
 
 
-# Calls with at most this much work (elements of grad_output plus of grad_input) run inline
-# on the calling thread, on IREE's local-sync device, when local-task is asked for: the
-# same compiled kernels and the same bits (tests/test_devices.py), without waking the
-# task workers, which costs more than such a call computes (100-250 us each on a 2-core
-# VM; more while PyTorch's OpenMP threads still spin).  PyTorch's parallel_for runs work
-# under its grain size inline for the same reason.  Measured crossovers (2 threads):
-# grid sampler about 1e5, upsample about 5e5 (README "Host overhead"); an upsample whose
-# axes both keep their size is a copy ("upsample_same": 2 x 32 x 64^2, 2 threads, end to
-# end 99-172 us on local-task, 54 us inline; even at 8 x 64 x 64^2).
-INLINE_WORK = {"grid": 65536, "upsample": 262144, "upsample_same": 1 << 22}
-
-
-def call_device(device: str, op: str, work: int) -> str:
-    """The IREE device that runs a call of `op` ("grid", "upsample" or "upsample_same")
-    with `work` elements: local-sync for small calls when `device` is local-task
-    (INLINE_WORK), else `device` itself."""
-    return "local-sync" if device == "local-task" and work <= INLINE_WORK[op] else device
-
-
-def upsample_kind(grad_output_shape, grad_input_shape) -> str:
-    """The call_device op of an upsample backward: "upsample_same" where grad_output and
-    grad_input have one shape (both axes keep their size: a copy), else "upsample"."""
-    return "upsample_same" if tuple(grad_output_shape) == tuple(grad_input_shape) else "upsample"
+# Small calls run inline on the calling thread, on IREE's local-sync device, when
+# local-task is asked for (Operator.call_device, with each operator's inline_work): the same
+# compiled kernels and the same bits (tests/test_devices.py), without waking the task
+# workers, which costs more than such a call computes (100-250 us each on a 2-core VM; more
+# while PyTorch's OpenMP threads still spin).  PyTorch's parallel_for runs work under its
+# grain size inline for the same reason.
 
 
 def thread_stream(device: str):
@@ -316,7 +300,7 @@ def run_grid_sampler(stream, storages, interpolation_mode, padding_mode, align_c
     """
     if deterministic is None:
         deterministic = bool(A.current_context().options[A.ACL_OPT_DETERMINISTIC])
-    key = _signature("grid", stream.device, *((s.shape, s.dtype, s.fmt) for s in storages), *_typed(
+    key = _signature(grid_sampler.OPERATOR.name, stream.device, *((s.shape, s.dtype, s.fmt) for s in storages), *_typed(
         (interpolation_mode, padding_mode, align_corners, deterministic)), tuple(output_mask))
 
     def phase1(t):
@@ -334,7 +318,7 @@ def run_upsample(stream, storages, output_size, input_size, align_corners, scale
         sizes = (_typed(output_size), _typed(input_size))
     except TypeError:  # not sequences: phase 1 says what is wrong
         sizes = ([],)
-    key = _signature("up", stream.device, *((s.shape, s.dtype, s.fmt) for s in storages), *sizes,
+    key = _signature(upsample.OPERATOR.name, stream.device, *((s.shape, s.dtype, s.fmt) for s in storages), *sizes,
                      *_typed((align_corners, scales_h, scales_w)))
 
     def phase1(t):
@@ -389,7 +373,7 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     devices are always deterministic.
     Semantics: PyTorch 2.13 CPU (README "Semantics").
 
-    Formulation (templates/grid_sampler_2d_backward.mlir.j2): grad_input is a
+    Formulation (templates/grid_sampler_2d_backward/): grad_input is a
     scatter-add, computed by workgroups that each own a block of 8 (c, n)
     planes and add the contributions in a fixed order (parallel and
     deterministic; IREE's scatter op would run serially); grad_grid is a gather
@@ -405,7 +389,7 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     padding_mode = _mode("padding_mode", padding_mode, PADDING_NAMES)
     N, C = x.shape[:2] if x.ndim == 4 else (0, 0)
     work = N * C * (math.prod(g.shape[1:3]) if g.ndim == 4 else 0) + x.size
-    stream = thread_stream(call_device(device, "grid", work))
+    stream = thread_stream(grid_sampler.OPERATOR.call_device(device, work))
     dev = stream.device
     # The kernels write every element of a requested output (and the empty-input path
     # zero-fills it), so outputs start uninitialised.  A masked-out output still needs a
@@ -429,7 +413,7 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
     ml_dtypes.bfloat16, float32, float64.  Returns grad_input shaped
     input_size, in the same layout.  Raises AclnnError (.status 161001 / 161002).
 
-    Formulation (templates/upsample_bilinear2d_backward.mlir.j2): a gather, not a
+    Formulation (templates/upsample_bilinear2d_backward/): a gather, not a
     scatter-add.  The forward's weights are separable, so a small dispatch per
     axis tabulates for each input index the window of output positions whose
     taps land on it (with PyTorch's own float expressions), and each grad_input
@@ -454,7 +438,8 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
     if len(isz) == 4 and any(v < 0 for v in isz):
         raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"input_size has a negative entry: {isz}")
     out_shape = isz if len(isz) == 4 else (0, 0, 0, 0)
-    stream = thread_stream(call_device(device, upsample_kind(go.shape, out_shape), go.size + math.prod(out_shape)))
+    stream = thread_stream(upsample.OPERATOR.call_device(device, go.size + math.prod(out_shape),
+                                                         upsample.call_kind(go.shape, out_shape)))
     dev = stream.device
     storages = [_host_storage(dev, "grad_output", go, memory_format),
                 _output_storage(dev, "grad_input", out_shape, go.dtype, memory_format)]

@@ -1,21 +1,23 @@
-"""One module per operator: what the package knows of an operator, in one place.
+"""The operators: what the package knows of each operator, described once.
 
-Each operator module owns
-- its aclnn name (ACLNN_NAME) and vocabulary: the aclnn/PyTorch integer codes of its
-  modes and the names that the kernel names and templates use;
-- `check(...)`: its argument checks, in aclnn's order (statuses and messages);
-- `bind(...)`: the checked arguments bound to a compiled function: the specialisation
-  (a compiler/specs.py dataclass, which maps it to its kernel name and template), the
-  exported function's name and the tensors it takes, in order.
-The aclnn layer (aclnn.py) runs what an operator binds; the Pythonic layer (api.py)
-translates PyTorch's names and goes through the aclnn layer.  Adding an operator means
-adding a module here, a spec in compiler/specs.py and a template family (CONTRIBUTING.md).
+Each operator has a module here (grid_sampler.py, upsample.py) that owns its aclnn name,
+its vocabulary (the aclnn/PyTorch integer codes of its modes and the names kernel names and
+templates use), `check(...)` (its argument checks in aclnn's order, with statuses and
+messages) and `bind(...)` (checked arguments bound to a compiled function), and that ends
+with its `OPERATOR`: an `Operator` naming those and the rest of what the layers need of it
+(its specialisation class, float64 reference, inline-work thresholds, and the modules of its
+PyTorch integration and benchmark).  `registry.OPERATORS` lists them, one line each; the
+compiler's enumeration, the AOT build, the CLI's `--op`, the benchmark, the roofline and the
+PyTorch layer iterate it.  No code outside an operator's own files switches on its name
+(tests/test_registry.py).  CONTRIBUTING.md "Adding an operator" says what to write.
 """
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from typing import Callable, Mapping, Optional
 
-__all__ = ["Binding"]
+__all__ = ["Binding", "Operator"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,3 +34,47 @@ class Binding:
     function: str = ""
     tensors: tuple = ()
     zero_fill: tuple = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Operator:
+    """One operator, as every layer sees it.
+
+    name: its name in kernel names, the manifest ("op"), `aclnn-iree list/build/bench --op`
+    and PyTorch's aten namespace (`aten::<name>`);
+    aclnn_name: the aclnn API's name (the phase-1 function is `<aclnn_name>GetWorkspaceSize`);
+    spec: its compiler/specs.py class (a frozen dataclass: `enumerate(dtypes)` yields its
+    specialisations, which name their kernels, functions and template family);
+    vocabulary: {aclnn argument name: {integer code: name}} of its enumerated arguments;
+    check / bind: its phase-1 argument checks and binding (the operator module's);
+    reference: its float64 NumPy reference (ops/reference.py), PyTorch's formulas;
+    inline_work: {call kind: elements}: calls with at most this much work (grad_output plus
+    grad_input elements) run inline on local-sync where local-task is asked for (core/api.py
+    call_device); "" is every call's kind unless the operator's module names another;
+    torch: the module of its PyTorch integration (the aten kernels `enable()` overrides, its
+    custom ops), imported by aclnn_iree.torch;
+    bench: the module of its benchmark (cases, inputs, our calls, PyTorch's and the peers'),
+    imported by aclnn_iree.tools.bench;
+    roofline: the module of its roofline model (`aclnn-iree bench --roofline`), or None.
+    """
+
+    name: str
+    aclnn_name: str
+    spec: type
+    vocabulary: Mapping[str, Mapping[int, str]]
+    check: Callable
+    bind: Callable
+    reference: Callable
+    inline_work: Mapping[str, int]
+    torch: str
+    bench: str
+    roofline: Optional[str] = None
+
+    def load(self, part: str):
+        """The module named by the field `part` ("torch", "bench", "roofline"), imported."""
+        return importlib.import_module(getattr(self, part))
+
+    def call_device(self, device: str, work: int, kind: str = "") -> str:
+        """The IREE device that runs a call of this operator with `work` elements: local-sync
+        for a small call (inline_work[kind]) when `device` is local-task, else `device`."""
+        return "local-sync" if device == "local-task" and work <= self.inline_work[kind] else device

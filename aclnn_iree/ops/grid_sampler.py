@@ -12,9 +12,9 @@ from ..core.errors import brief
 from ..core.tensors import aclBoolArray
 from ..core.validation import (bool_attr, dtype_name, fail, int_attr, no_alias, rank, same_device, same_dtype, supported_dtype,
                           tensor_arg)
-from . import Binding
+from . import Binding, Operator, reference
 
-__all__ = ["ACLNN_NAME", "INTERPOLATION_NAMES", "PADDING_NAMES", "check", "bind"]
+__all__ = ["ACLNN_NAME", "INTERPOLATION_NAMES", "PADDING_NAMES", "check", "bind", "OPERATOR"]
 
 ACLNN_NAME = "aclnnGridSampler2DBackward"
 # aclnn's (and PyTorch's) integer codes -> the names in kernel names and templates.
@@ -89,3 +89,21 @@ def bind(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, 
                            dtype_name(input.dtype))
     function = spec.function_name(mask, deterministic, target, channels=input.shape[1])
     return Binding(spec, function, (gradOutput, input, grid) + outputs)
+
+
+OPERATOR = Operator(
+    name=GridSamplerSpec.op,
+    aclnn_name=ACLNN_NAME,
+    spec=GridSamplerSpec,
+    vocabulary={"interpolationMode": INTERPOLATION_NAMES, "paddingMode": PADDING_NAMES},
+    check=check,
+    bind=bind,
+    reference=reference.grid_sampler_2d_backward,
+    # Calls with at most this much work run inline (Operator.inline_work): the measured
+    # crossover of waking local-task's workers, about 1e5 elements on 2 threads (README
+    # "Host overhead").
+    inline_work={"": 65536},
+    torch="aclnn_iree.torch.grid_sampler",
+    bench="aclnn_iree.tools.bench_grid_sampler",
+    roofline="aclnn_iree.tools.roofline",
+)

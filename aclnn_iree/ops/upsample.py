@@ -17,9 +17,9 @@ from ..core.errors import brief
 from ..core.tensors import aclIntArray, tensor_over
 from ..core.validation import (bool_attr, dtype_name, fail, no_alias, rank, same_device, scale_arg, supported_dtype,
                           tensor_arg)
-from . import Binding
+from . import Binding, Operator, reference
 
-__all__ = ["ACLNN_NAME", "check", "bind", "upsample_scale"]
+__all__ = ["ACLNN_NAME", "check", "bind", "upsample_scale", "call_kind", "OPERATOR"]
 
 ACLNN_NAME = "aclnnUpsampleBilinear2dBackwardV2"
 
@@ -126,3 +126,27 @@ def _scales_tensor(device, scales: tuple, dtype):
     keeps it as it keeps any tensor it reads (aclOpExecutor.resources).  Making one costs
     ~25 us, a tenth of a small call."""
     return tensor_over(device, np.array(scales, dtype), "ND")
+
+
+def call_kind(grad_output_shape, grad_input_shape) -> str:
+    """The kind of a call, for Operator.call_device: "same_size" where grad_output and
+    grad_input have one shape (both axes keep their size: the backward is a copy), else ""."""
+    return "same_size" if tuple(grad_output_shape) == tuple(grad_input_shape) else ""
+
+
+OPERATOR = Operator(
+    name=UpsampleSpec.op,
+    aclnn_name=ACLNN_NAME,
+    spec=UpsampleSpec,
+    vocabulary={},
+    check=check,
+    bind=bind,
+    reference=reference.upsample_bilinear2d_backward,
+    # Calls with at most this much work run inline (Operator.inline_work): the measured
+    # crossover is about 5e5 elements on 2 threads (README "Host overhead"); a same-size call
+    # is a copy (2 x 32 x 64^2, 2 threads, end to end 99-172 us on local-task, 54 us inline;
+    # even at 8 x 64 x 64^2).
+    inline_work={"": 262144, "same_size": 1 << 22},
+    torch="aclnn_iree.torch.upsample",
+    bench="aclnn_iree.tools.bench_upsample",
+)

@@ -19,7 +19,6 @@ determinism, the host overhead of a tiny call, and compile times.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -29,49 +28,28 @@ import time
 import numpy as np
 
 from ..core import aclnn as A
-from ..core.api import grid_sampler_2d_backward, upsample_bilinear2d_backward
+from ..core.api import grid_sampler_2d_backward
+from ..ops.registry import OPERATORS
 from ..runtime.device import Device, get_device
+from .cases import Case
 
-__all__ = ["CASES", "Case", "alternating_medians", "compulsory_bytes", "copy_bandwidth", "run_bench"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """A benchmark case. grid: (N, C, H_in, W_in, H_out, W_out); upsample: (N, C, H_in, W_in, H_out, W_out)."""
-
-    name: str
-    op: str  # "grid" or "upsample"
-    shape: tuple
-    mode: int = 0
-    padding: int = 0
-    align_corners: bool = False
-    layout: str = "NCHW"
-    large: bool = False
+__all__ = ["CASES", "QUICK", "BENCHES", "Case", "alternating_medians", "compulsory_bytes", "copy_bandwidth", "run_bench"]
 
 
-CASES = [
-    Case("gs_bilinear_zeros_8x64x64", "grid", (8, 64, 64, 64, 64, 64), large=True),
-    Case("gs_bilinear_border_ac_4x32x128", "grid", (4, 32, 128, 128, 128, 128), 0, 1, True, large=True),
-    Case("gs_bilinear_reflection_16x3x224", "grid", (16, 3, 224, 224, 224, 224), 0, 2, False, large=True),
-    Case("gs_bilinear_zeros_ac_1x256_32to64", "grid", (1, 256, 32, 32, 64, 64), 0, 0, True),
-    Case("gs_nearest_border_8x64x64", "grid", (8, 64, 64, 64, 64, 64), 1, 1, False),
-    Case("gs_bicubic_zeros_4x16x64", "grid", (4, 16, 64, 64, 64, 64), 2, 0, False),
-    Case("up_x2_8x64_64from128", "upsample", (8, 64, 64, 64, 128, 128), large=True),
-    Case("up_seghead_1x19_128x256from512x1024", "upsample", (1, 19, 128, 256, 512, 1024), large=True),
-    Case("up_channels_ac_4x256_32from64", "upsample", (4, 256, 32, 32, 64, 64), align_corners=True),
-    Case("up_down_2x16_300x400from150x200", "upsample", (2, 16, 300, 400, 150, 200)),
-    Case("up_x2_nhwc_8x64_64from128", "upsample", (8, 64, 64, 64, 128, 128), layout="NHWC"),
-    # H down-sampled while W is up-sampled: the W pass goes first (pass_order); H first
-    # would cost H_in * W_out per plane (1374 ms on the 2000x case).
-    Case("up_mixed_4x32_512x64from128x256", "upsample", (4, 32, 512, 64, 128, 256)),
-    Case("up_mixed_2x32_2000x1from1x2000", "upsample", (2, 32, 2000, 1, 1, 2000)),
-    Case("up_mixed_nhwc_2x32_2000x1from1x2000", "upsample", (2, 32, 2000, 1, 1, 2000), layout="NHWC"),
-    # interpolate to the size a tensor already has (as segmentation heads do unconditionally):
-    # PyTorch maps both axes onto themselves, and the backward is a copy (`_same_size`)
-    Case("up_same_2x32_64from64", "upsample", (2, 32, 64, 64, 64, 64)),
-]
-QUICK = {"gs_bilinear_zeros_8x64x64", "gs_bicubic_zeros_4x16x64", "up_x2_8x64_64from128",
-         "up_down_2x16_300x400from150x200", "up_x2_nhwc_8x64_64from128"}
+# Each operator's benchmark module (its Operator's `bench`: bench_<op>.py) gives
+#   CASES, QUICK                  its cases (cases.Case) and the names of the --quick subset;
+#   inputs(case, rng)             the NumPy inputs, float32;
+#   compulsory_bytes(case)        the bytes every implementation must move;
+#   pythonic(case, arrays, device)   a function making the Pythonic call;
+#   phase2(case, arrays, stream)  phase 1 on device tensors: (status, workspace bytes, executor,
+#                                 phase-2 function, output tensors);
+#   torch_backward(case, tensors, torch)  a function calling PyTorch's aten backward;
+#   torch_compile(case, tensors, torch)   (leaves, compiled forward, grad_output);
+#   jax_backward(case, arrays)    a function computing the gradients with JAX, or None;
+#   torch_step(case, torch, functional)   (forward, leaves, grad_output) of a training step.
+BENCHES = {op.name: op.load("bench") for op in OPERATORS}
+CASES = [c for b in BENCHES.values() for c in b.CASES]
+QUICK = set().union(*(b.QUICK for b in BENCHES.values()))
 
 
 def _median_time(fn, repeats: int, warmup: int = 2) -> float:
@@ -142,52 +120,22 @@ def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 10) -> float:
 
 
 def _inputs(case: Case, rng):
-    N, C, H, W, Ho, Wo = case.shape
-    if case.op == "grid":
-        x = rng.standard_normal((N, C, H, W), dtype=np.float32)
-        g = rng.uniform(-1.1, 1.1, (N, Ho, Wo, 2)).astype(np.float32)
-        go = rng.standard_normal((N, C, Ho, Wo), dtype=np.float32)
-        return go, x, g
-    go = rng.standard_normal((N, C, Ho, Wo), dtype=np.float32)
-    return (np.ascontiguousarray(go.transpose(0, 2, 3, 1)),) if case.layout == "NHWC" else (go,)
+    return BENCHES[case.op].inputs(case, rng)
 
 
 def compulsory_bytes(case: Case) -> int:
     """Bytes every implementation must move: inputs read once, outputs written once (float32)."""
-    N, C, H, W, Ho, Wo = case.shape
-    if case.op == "grid":
-        return 4 * (N * C * Ho * Wo + 2 * N * C * H * W + 2 * 2 * N * Ho * Wo)
-    return 4 * (N * C * Ho * Wo + N * C * H * W)
+    return BENCHES[case.op].compulsory_bytes(case)
 
 
 def _pythonic(case: Case, arrays, device):
-    N, C, H, W, Ho, Wo = case.shape
-    if case.op == "grid":
-        return lambda: grid_sampler_2d_backward(*arrays, case.mode, case.padding, case.align_corners, device=device)
-    size = (N, H, W, C) if case.layout == "NHWC" else (N, C, H, W)
-    return lambda: upsample_bilinear2d_backward(arrays[0], (Ho, Wo), size, case.align_corners,
-                                                memory_format=case.layout, device=device)
+    return BENCHES[case.op].pythonic(case, arrays, device)
 
 
 def _phase2(case: Case, arrays, device):
     """(run, workspace bytes, outputs): a repeatable executor on device-resident tensors."""
-    N, C, H, W, Ho, Wo = case.shape
     st, stream = A.aclrtCreateStream(device)
-    if case.op == "grid":
-        go, x, g = (A.aclCreateTensor(a, stream=stream) for a in arrays)
-        outs = [A.aclCreateTensor(shape=x.shape, dtype=np.float32, stream=stream),
-                A.aclCreateTensor(shape=g.shape, dtype=np.float32, stream=stream)]
-        st, ws, ex = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
-            go, x, g, case.mode, case.padding, case.align_corners, A.aclCreateBoolArray([True, True]), *outs)
-        launch = A.aclnnGridSampler2DBackward
-    else:
-        fmt = case.layout
-        size = (N, H, W, C) if fmt == "NHWC" else (N, C, H, W)
-        go = A.aclCreateTensor(arrays[0], fmt, stream=stream)
-        outs = [A.aclCreateTensor(shape=size, dtype=np.float32, format=fmt, stream=stream)]
-        st, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
-            go, A.aclCreateIntArray([Ho, Wo]), A.aclCreateIntArray(size), case.align_corners, 0.0, 0.0, outs[0])
-        launch = A.aclnnUpsampleBilinear2dBackwardV2
+    st, ws, ex, launch, outs = BENCHES[case.op].phase2(case, arrays, stream)
     if st != A.ACLNN_SUCCESS:
         raise RuntimeError(A.aclGetRecentErrMsg())
     A.aclSetAclOpExecutorRepeatable(ex)
@@ -207,30 +155,18 @@ def _phase2(case: Case, arrays, device):
 def _torch_fn(case: Case, arrays, torch, cuda: bool = False):
     """PyTorch's own backward on the same data: on CPU tensors, or on CUDA tensors (`cuda`),
     then synchronised, so the time is the kernel's as ours is."""
-    N, C, H, W, Ho, Wo = case.shape
     tensors = [torch.from_numpy(a) for a in arrays]
     if cuda:
         tensors = [t.cuda() for t in tensors]
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    if case.op == "grid":
-        go, x, g = tensors
+    backward = BENCHES[case.op].torch_backward(case, tensors, torch)
+    if not cuda:
+        return backward
 
-        def grid():
-            r = torch.ops.aten.grid_sampler_2d_backward(go, x, g, case.mode, case.padding, case.align_corners,
-                                                        [True, True])
-            sync()
-            return r
-        return grid
-    go = tensors[0]
-    if case.layout == "NHWC":  # PyTorch's channels_last path: what a speed-minded user runs
-        go = go.permute(0, 3, 1, 2)
-        assert go.is_contiguous(memory_format=torch.channels_last)
-
-    def upsample():
-        r = torch.ops.aten.upsample_bilinear2d_backward(go, [Ho, Wo], [N, C, H, W], case.align_corners, None, None)
-        sync()
+    def synchronised():
+        r = backward()
+        torch.cuda.synchronize()
         return r
-    return upsample
+    return synchronised
 
 
 def _max_rel_diff(ours, theirs, layout: str) -> float:

@@ -19,35 +19,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .bench import CASES, QUICK, _first_line, alternating_medians
+from .bench import BENCHES, CASES, QUICK, _first_line, alternating_medians
 
 __all__ = ["run_torch_bench", "custom_op_overhead_us"]
 
 
 def _step(case, torch, F, AT, ours: bool, compiled: bool):
     """(step function) for one case: forward + backward, gradients into fresh .grad fields."""
-    N, C, H, W, Ho, Wo = case.shape
-    g = torch.Generator().manual_seed(0)
-    if case.op == "grid":
-        x = torch.randn(N, C, H, W, generator=g).requires_grad_(True)
-        grid = (torch.rand(N, Ho, Wo, 2, generator=g) * 2.2 - 1.1).requires_grad_(True)
-        go = torch.randn(N, C, Ho, Wo, generator=g)
-        mode = {0: "bilinear", 1: "nearest", 2: "bicubic"}[case.mode]
-        pad = {0: "zeros", 1: "border", 2: "reflection"}[case.padding]
-        fn = AT.grid_sample if ours else F.grid_sample
-
-        def forward(a, b):
-            return fn(a, b, mode=mode, padding_mode=pad, align_corners=case.align_corners)
-        args = (x, grid)
-    else:
-        fmt = torch.channels_last if case.layout == "NHWC" else torch.contiguous_format
-        x = torch.randn(N, C, H, W, generator=g).contiguous(memory_format=fmt).requires_grad_(True)
-        go = torch.randn(N, C, Ho, Wo, generator=g).contiguous(memory_format=fmt)
-        fn = AT.interpolate if ours else F.interpolate
-
-        def forward(a):
-            return fn(a, size=(Ho, Wo), mode="bilinear", align_corners=case.align_corners)
-        args = (x,)
+    forward, args, go = BENCHES[case.op].torch_step(case, torch, AT if ours else F)
     if compiled:
         forward = torch.compile(forward, fullgraph=True)
 

@@ -32,6 +32,7 @@ import tempfile
 
 from ..compiler.specs import GRID_DX_CHANNEL_BLOCK
 from ..compiler.targets import CPU_ARCH_ENV
+from ..ops.grid_sampler import OPERATOR
 
 __all__ = ["PARTS", "Part", "kernel_assembly", "part_lines", "pixel_width", "part_instructions", "throughput_cycles",
            "case_roofline", "mca_cpu", "run_roofline"]
@@ -330,7 +331,7 @@ def run_roofline(threads: int, repeats: int, quick: bool = False) -> list:
     bw = bench.copy_bandwidth()  # GB/s
     rows = []
     rng = np.random.default_rng(0)
-    for case in (c for c in bench.CASES if c.op == "grid" and (not quick or c.name in bench.QUICK)):
+    for case in (c for c in bench.CASES if c.op == OPERATOR.name and (not quick or c.name in bench.QUICK)):
         spec = specs.GridSamplerSpec(specs.INTERPOLATION_MODES[case.mode], specs.PADDING_MODES[case.padding],
                                      case.align_corners, "float32")
         with tempfile.TemporaryDirectory() as d:  # first: llvm-mca may not read this CPU's code

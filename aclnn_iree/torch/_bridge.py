@@ -21,10 +21,10 @@ import torch
 from ..core import api
 from ..core.errors import AclnnError
 from ..runtime.device import DeviceUnavailable, get_device
-from ..core.tensors import HOST_ALIGNMENT, Storage, host_storage, no_storage, read_back, storage_of
+from ..core.tensors import HOST_ALIGNMENT, Storage, host_storage, read_back, storage_of
 
-__all__ = ["set_cpu_device", "get_cpu_device", "SUPPORTED_DTYPES", "grid_sampler_backward", "upsample_backward",
-           "iree_device_for", "is_channels_last"]
+__all__ = ["set_cpu_device", "get_cpu_device", "SUPPORTED_DTYPES", "iree_device_for", "is_channels_last", "Launch", "reader",
+           "numpy_dtype"]
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _NUMPY = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
@@ -116,13 +116,13 @@ def _storage(device, t: torch.Tensor, fmt: str = "ND", output: bool = False) -> 
             t = t.clone()
         if t.data_ptr() % 64 == 0 and (cuda or not output):
             view = device.hal.from_dlpack_capsule(torch.utils.dlpack.to_dlpack(t.detach()))
-            return Storage(view.get_buffer(), view, None, tuple(t.shape), _numpy_dtype(t.dtype), fmt)
+            return Storage(view.get_buffer(), view, None, tuple(t.shape), numpy_dtype(t.dtype), fmt)
         if output and t.data_ptr() % HOST_ALIGNMENT == 0:  # torch.empty's: aligned, contiguous
             return storage_of(device, _numpy_view(t), fmt)
     return host_storage(device, _numpy_view(t), fmt)
 
 
-def _reader(targets):
+def reader(targets):
     """read() for api.run_*: copies a device result into its CPU tensor where the kernel did
     not write that tensor itself (a CPU tensor computed on a GPU device)."""
     targets = iter(targets)
@@ -135,7 +135,7 @@ def _reader(targets):
     return read
 
 
-class _Launch:
+class Launch:
     """One call's IREE side: the device and the thread's stream."""
 
     def __init__(self, name: str, tensors):
@@ -148,45 +148,5 @@ class _Launch:
         return _storage(self.device, t, fmt, output)
 
 
-def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
-                          output_mask):
-    """(grad_input, grad_grid) on IREE device `name`: torch tensors over the memory the kernel
-    wrote; a masked-out gradient is None.  Inputs are made contiguous (the kernels read NCHW:
-    a channels_last or strided input is copied once).  Raises AclnnError."""
-    go, x, g = (t.contiguous() for t in (grad_output, input, grid))
-    run = _Launch(api.call_device(name, "grid", go.numel() + x.numel()), (go, x, g))
-    mask = [bool(m) for m in output_mask]
-    # empty_like: a third of torch.empty's host time with shape, dtype and device spelled out
-    outs = [torch.empty_like(like, memory_format=torch.contiguous_format) if m else None
-            for like, m in ((x, mask[0]), (g, mask[1]))]
-    storages = [run.storage(go), run.storage(x), run.storage(g)]
-    storages += [run.storage(t, output=True) if t is not None
-                 else no_storage(like.shape, _numpy_dtype(like.dtype)) for t, like in ((outs[0], x), (outs[1], g))]
-    return tuple(api.run_grid_sampler(run.stream, storages, int(interpolation_mode), int(padding_mode),
-                                      bool(align_corners), mask, read=_reader(t for t in outs if t is not None)))
-
-
-def upsample_backward(name, grad_output, output_size, input_size, align_corners, scales_h, scales_w):
-    """grad_input of upsample_bilinear2d on IREE device `name`, in grad_output's memory format:
-    a channels_last grad_output takes the NHWC kernel and gives a channels_last gradient,
-    any other the NCHW one (a strided grad_output is copied once).  Raises AclnnError."""
-    nhwc = is_channels_last(grad_output)
-    fmt = torch.channels_last if nhwc else torch.contiguous_format
-    go = grad_output.contiguous(memory_format=fmt)
-    N, C, H, W = (int(v) for v in input_size)
-    out = torch.empty((N, C, H, W), dtype=go.dtype, device=go.device, memory_format=fmt)
-    run = _Launch(api.call_device(name, api.upsample_kind(go.shape, out.shape), go.numel() + out.numel()), (go,))
-    if nhwc:  # the kernels take NHWC as (N, H, W, C) arrays, C fastest
-        storages = [run.storage(go.permute(0, 2, 3, 1), "NHWC"), run.storage(out.permute(0, 2, 3, 1), "NHWC", True)]
-        isz = (N, H, W, C)
-    else:
-        storages, isz = [run.storage(go, "NCHW"), run.storage(out, "NCHW", True)], (N, C, H, W)
-    # A result read back from device memory (a GPU device for CPU tensors) is in the kernel's
-    # layout: NHWC goes into the channels_last tensor through its (N, H, W, C) view.
-    api.run_upsample(run.stream, storages, [int(v) for v in output_size], isz, bool(align_corners), scales_h,
-                     scales_w, read=_reader([out.permute(0, 2, 3, 1) if nhwc else out]))
-    return out
-
-
-def _numpy_dtype(dtype):
+def numpy_dtype(dtype):
     return _NUMPY.get(dtype, ml_dtypes.bfloat16)

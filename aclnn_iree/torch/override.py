@@ -23,18 +23,13 @@ own code (the override does not run): use the functions of aclnn_iree.torch ther
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import warnings
 
 import torch
 
-from . import _bridge as B
-
 __all__ = ["enable", "disable", "enabled", "is_enabled"]
 
-_GRID = "aten::grid_sampler_2d_backward"
-_UPSAMPLE = "aten::upsample_bilinear2d_backward"
 _lock = threading.RLock()
 _library = None  # registered once, on the first enable(), and kept
 _active = False  # the switch our registered kernels read
@@ -43,55 +38,37 @@ _before_blocks = False  # whether enable() was in effect before the first of the
 _originals: dict = {}
 
 
-def _consistent(scale, in_size, out_size) -> bool:
-    return scale is None or scale <= 0 or out_size == math.floor(in_size * scale)
-
-
-def _grid_kernel(keyset, grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    tensors = (grad_output, input, grid)
-    name = B.iree_device_for(*tensors) if _active and all(t.dtype in B.SUPPORTED_DTYPES and t.dtype == input.dtype
-                                                         for t in tensors) else None
-    if name is None:
-        return _originals[_GRID].call_boxed(keyset, grad_output, input, grid, interpolation_mode, padding_mode,
-                                            align_corners, output_mask)
-    # A masked-out gradient is returned undefined (None), as aten returns grad_input.
-    return B.grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, padding_mode,
-                                   align_corners, output_mask)
-
-
-def _upsample_kernel(keyset, grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
-    name = None
-    if (_active and grad_output.dtype in B.SUPPORTED_DTYPES and len(output_size) == 2 and len(input_size) == 4
-            and _consistent(scales_h, input_size[2], output_size[0])
-            and _consistent(scales_w, input_size[3], output_size[1])):
-        name = B.iree_device_for(grad_output)
-    if name is None:
-        return _originals[_UPSAMPLE].call_boxed(keyset, grad_output, output_size, input_size, align_corners,
-                                                scales_h, scales_w)
-    return B.upsample_backward(name, grad_output, output_size, input_size, align_corners, scales_h, scales_w)
+def original(aten: str):
+    """PyTorch's own CPU kernel of `aten` ("aten::<op>"), kept when ours was registered: the
+    operators' kernels call it where they do not handle a call, or while disabled."""
+    return _originals[aten]
 
 
 def _register():
-    """Registers our kernels over PyTorch's CPU kernels of both ops, once (under _lock)."""
+    """Registers every operator's kernels (its torch module's ATEN_OVERRIDES) over PyTorch's
+    CPU kernels, once (under _lock)."""
     global _library
     if _library is not None:
         return
     if not hasattr(torch.library, "get_kernel"):
         raise RuntimeError(f"aclnn_iree.torch.enable() needs torch.library.get_kernel, which PyTorch "
                            f"{torch.__version__} lacks; use aclnn_iree.torch.grid_sample / interpolate instead")
-    for op in (_GRID, _UPSAMPLE):
-        _originals[op] = torch.library.get_kernel(op, "CPU")
+    from ..ops.registry import OPERATORS
+    overrides = {aten: kernel for op in OPERATORS for aten, kernel in op.load("torch").ATEN_OVERRIDES.items()}
+    for aten in overrides:
+        _originals[aten] = torch.library.get_kernel(aten, "CPU")
     lib = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():  # "Overriding a previously registered kernel": that is the point
         warnings.simplefilter("ignore", UserWarning)
-        lib.impl("grid_sampler_2d_backward", _grid_kernel, "CPU", with_keyset=True)
-        lib.impl("upsample_bilinear2d_backward", _upsample_kernel, "CPU", with_keyset=True)
+        for aten, kernel in overrides.items():
+            lib.impl(aten.split("::", 1)[1], kernel, "CPU", with_keyset=True)
     _library = lib
 
 
 def enable():
-    """Makes our kernels PyTorch's CPU kernels of aten::grid_sampler_2d_backward and
-    aten::upsample_bilinear2d_backward (idempotent; process-wide).  The first call registers
+    """Makes our kernels PyTorch's CPU kernels of every operator's aten ops (each operator's
+    torch module's ATEN_OVERRIDES: aten::grid_sampler_2d_backward and
+    aten::upsample_bilinear2d_backward) (idempotent; process-wide).  The first call registers
     them with PyTorch's dispatcher, later ones only turn the switch (module docstring).
     Raises RuntimeError on a PyTorch without torch.library.get_kernel."""
     global _active
@@ -101,7 +78,7 @@ def enable():
 
 
 def disable():
-    """Makes PyTorch's own CPU kernels of both ops answer again, bit for bit (no-op when not
+    """Makes PyTorch's own CPU kernels of those ops answer again, bit for bit (no-op when not
     enabled).  Our registration stays (only the switch turns): safe while other threads run."""
     global _active
     with _lock:
@@ -115,7 +92,7 @@ def is_enabled() -> bool:
 
 @contextlib.contextmanager
 def enabled():
-    """Within the block our kernels are PyTorch's CPU kernels of both ops; on exit (an
+    """Within the block our kernels are PyTorch's CPU kernels of those ops; on exit (an
     exception included) the state before the block comes back, so blocks nest.
 
     Process-wide, as PyTorch's kernel registry is: while any thread is inside a block,

@@ -1,0 +1,75 @@
+"""What every operator's PyTorch module shares: the `aclnn_iree` op library (torch.library),
+the kernel registration, dtype checks, and the call of a backward op from an autograd formula."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _bridge as B
+
+__all__ = ["define", "impl", "check_dtype", "masked", "backward_op", "autograd_function", "check_bool"]
+
+_lib = torch.library.Library("aclnn_iree", "DEF")
+
+
+def define(schema: str):
+    """Defines the op `aclnn_iree::<schema>` (aten's own schemas)."""
+    _lib.define(schema)
+
+
+def impl(name):
+    """Registers a Python kernel for every backend (Library.impl: about 5 us per call, a
+    quarter of torch.library.custom_op's wrapper); each kernel picks its device itself."""
+    def register(fn):
+        _lib.impl(name, fn, "CompositeExplicitAutograd")
+        return fn
+    return register
+
+
+def check_dtype(op, *tensors):
+    for t in tensors:
+        if t.dtype not in B.SUPPORTED_DTYPES:
+            raise ValueError(f"aclnn_iree.{op}: dtype {t.dtype} is not supported; supported: "
+                             + ", ".join(str(d) for d in B.SUPPORTED_DTYPES))
+
+
+def masked(t: Optional[Tensor], like: Tensor) -> Tensor:
+    return t if t is not None else like.new_empty(0)
+
+
+def backward_op(op, *args):
+    """Calls a backward op from an autograd formula.  In a first-order backward (grad mode off)
+    below the Autograd key: its autograd wrapper would only pass the call on, for ~30-70 us
+    of Python here (tiny grid_sample step 525 -> 455 us).  Under create_graph=True through
+    it, so that the double backward formula is recorded; also while dynamo traces (it cannot
+    trace the guard, and its graph is differentiated by AOTAutograd, not by this call)."""
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return op(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return op(*args)
+
+
+# The functions' autograd: an autograd.Function around PyTorch's forward whose setup and
+# backward are the formulas registered for the forward ops (each operator module's _setup / _backward), so the
+# same gradients through the same backward ops.  Outside the op rather than through it: the
+# op's register_autograd kernel costs ~65 us a call here, most of it torch._library's
+# fill_defaults (quadratic in the schema's arity, pytorch/pytorch#195110), against ~15 us for
+# an autograd.Function whose forward takes ctx (one with a separate setup_context binds its
+# arguments with inspect.signature on every call, another ~60 us); torch.compile traces either,
+# and the compiled backward graph holds our backward ops all the same (tests/test_torch.py).
+def autograd_function(name, aten_forward, setup_context, backward):
+    """An autograd.Function: PyTorch's forward `aten_forward`, then the op's setup_context."""
+    def forward(ctx, *inputs):
+        output = aten_forward(*inputs)
+        setup_context(ctx, inputs, output)
+        return output
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),
+                                                   "backward": staticmethod(backward)})
+
+
+def check_bool(fn: str, align_corners):
+    """align_corners must be a bool, as PyTorch's bindings insist (TypeError, not a truthiness)."""
+    if not isinstance(align_corners, bool):
+        raise TypeError(f"{fn}(): argument 'align_corners' must be bool, not {type(align_corners).__name__}")

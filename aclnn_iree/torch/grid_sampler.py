@@ -1,0 +1,178 @@
+"""The grid sampler in PyTorch (its Operator's `torch` module): the custom ops
+``torch.ops.aclnn_iree.grid_sampler_2d_backward`` (aten's schema; a 0-element tensor for an
+output whose output_mask entry is False) and ``grid_sampler_2d`` (PyTorch's forward, our
+backward), their fake implementations and autograd formulas (the backward op's too, for a
+double backward), the drop-in ``grid_sample``, and the kernel `enable()` puts over
+aten::grid_sampler_2d_backward on CPU (ATEN_OVERRIDES).  Devices: aclnn_iree.torch._bridge."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..core import api
+from ..core.tensors import no_storage
+from ..ops.grid_sampler import INTERPOLATION_NAMES, OPERATOR, PADDING_NAMES
+from . import _bridge as B
+from . import _library as L
+from . import override as O
+
+__all__ = ["grid_sampler_2d_backward", "grid_sampler_2d", "grid_sample", "grid_sampler_backward", "ATEN_OVERRIDES"]
+
+ATEN = "aten::" + OPERATOR.name
+L.define("grid_sampler_2d_backward(Tensor grad_output, Tensor input, Tensor grid, int interpolation_mode, "
+         "int padding_mode, bool align_corners, bool[2] output_mask) -> (Tensor, Tensor)")
+L.define("grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
+         "bool align_corners) -> Tensor")
+
+
+# ----------------------------------------------------------------------------- the call
+def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+                          output_mask):
+    """(grad_input, grad_grid) on IREE device `name`: torch tensors over the memory the kernel
+    wrote; a masked-out gradient is None.  Inputs are made contiguous (the kernels read NCHW:
+    a channels_last or strided input is copied once).  Raises AclnnError."""
+    go, x, g = (t.contiguous() for t in (grad_output, input, grid))
+    run = B.Launch(OPERATOR.call_device(name, go.numel() + x.numel()), (go, x, g))
+    mask = [bool(m) for m in output_mask]
+    # empty_like: a third of torch.empty's host time with shape, dtype and device spelled out
+    outs = [torch.empty_like(like, memory_format=torch.contiguous_format) if m else None
+            for like, m in ((x, mask[0]), (g, mask[1]))]
+    storages = [run.storage(go), run.storage(x), run.storage(g)]
+    storages += [run.storage(t, output=True) if t is not None
+                 else no_storage(like.shape, B.numpy_dtype(like.dtype)) for t, like in ((outs[0], x), (outs[1], g))]
+    return tuple(api.run_grid_sampler(run.stream, storages, int(interpolation_mode), int(padding_mode),
+                                      bool(align_corners), mask, read=B.reader(t for t in outs if t is not None)))
+
+
+# ----------------------------------------------------------------------------- backward op
+@L.impl("grid_sampler_2d_backward")
+def grid_sampler_2d_backward(grad_output: Tensor, input: Tensor, grid: Tensor, interpolation_mode: int,
+                             padding_mode: int, align_corners: bool, output_mask: Sequence[bool]):
+    """Gradients of grid_sample w.r.t. input and grid (aten::grid_sampler_2d_backward's schema).
+
+    grad_output (N, C, H_out, W_out), input (N, C, H_in, W_in), grid (N, H_out, W_out, 2):
+    one dtype of float16, bfloat16, float32, float64, on one device.  Returns (grad_input,
+    grad_grid), contiguous; an output whose output_mask entry is False is a 0-element
+    tensor and is not computed.  Raises aclnn_iree.AclnnError (a ValueError) for invalid
+    arguments (aclnn's checks).
+    """
+    L.check_dtype("grid_sampler_2d_backward", grad_output, input, grid)
+    name = B.iree_device_for(grad_output, input, grid)
+    if name is None:  # PyTorch's kernel (it computes grad_grid whatever the mask)
+        dx, dg = torch.ops.aten.grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode, padding_mode,
+                                                         align_corners, list(output_mask))
+        return (dx if output_mask[0] else input.new_empty(0)), (dg if output_mask[1] else grid.new_empty(0))
+    dx, dg = grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, padding_mode,
+                                     align_corners, output_mask)
+    return L.masked(dx, input), L.masked(dg, grid)
+
+
+@torch.library.register_fake("aclnn_iree::grid_sampler_2d_backward")
+def _(grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    return (input.new_empty(input.shape) if output_mask[0] else input.new_empty(0),
+            grid.new_empty(grid.shape) if output_mask[1] else grid.new_empty(0))
+
+
+# ----------------------------------------------------------------------------- double backward
+# A gradient of a gradient (create_graph=True: gradient penalties, Hessian-vector products)
+# differentiates the backward ops themselves.  Without these formulas autograd's fallback
+# would treat them as constants: silently zero second-order gradients.
+def _grid_bw_setup(ctx, inputs, output):
+    grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask = inputs
+    ctx.save_for_backward(grad_output, input, grid)
+    ctx.args = (interpolation_mode, padding_mode, align_corners, [bool(m) for m in output_mask])
+
+
+def _grid_bw_backward(ctx, grad_grad_input, grad_grad_grid):
+    """PyTorch's derivative of aten::grid_sampler_2d_backward, through a recomputation of the
+    first backward by PyTorch's kernel (the same semantics as ours): exact, not our kernels."""
+    mode, padding, align_corners, mask = ctx.args
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_(bool(need)) for t, need in zip(ctx.saved_tensors, ctx.needs_input_grad)]
+        dx, dg = torch.ops.aten.grid_sampler_2d_backward(*leaves, mode, padding, align_corners, mask)
+    pairs = [(out, g) for out, g, m in ((dx, grad_grad_input, mask[0]), (dg, grad_grad_grid, mask[1]))
+             if m and g is not None and out is not None and out.requires_grad]
+    wrt = [t for t in leaves if t.requires_grad]
+    grads = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True,
+                                     create_graph=torch.is_grad_enabled()) if pairs and wrt else ())
+    return (*(next(grads, None) if t.requires_grad else None for t in leaves), None, None, None, None)
+
+
+torch.library.register_autograd("aclnn_iree::grid_sampler_2d_backward", _grid_bw_backward,
+                                setup_context=_grid_bw_setup)
+
+
+# ----------------------------------------------------------------------------- forward op
+@L.impl("grid_sampler_2d")
+def grid_sampler_2d(input: Tensor, grid: Tensor, interpolation_mode: int, padding_mode: int,
+                    align_corners: bool) -> Tensor:
+    """PyTorch's aten::grid_sampler_2d, differentiated by our grid_sampler_2d_backward."""
+    return torch.ops.aten.grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+torch.library.register_fake("aclnn_iree::grid_sampler_2d", grid_sampler_2d)
+
+
+def _grid_setup(ctx, inputs, output):
+    input, grid, interpolation_mode, padding_mode, align_corners = inputs
+    ctx.save_for_backward(input, grid)
+    ctx.args = (interpolation_mode, padding_mode, align_corners)
+
+
+def _grid_backward(ctx, grad):
+    input, grid = ctx.saved_tensors
+    mask = [bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])]
+    dx, dg = L.backward_op(torch.ops.aclnn_iree.grid_sampler_2d_backward, grad, input, grid, *ctx.args, mask)
+    return (dx if mask[0] else None), (dg if mask[1] else None), None, None, None
+
+
+torch.library.register_autograd("aclnn_iree::grid_sampler_2d", _grid_backward, setup_context=_grid_setup)
+
+
+# ----------------------------------------------------------------------------- grid_sample
+_GridSampler2d = L.autograd_function("_GridSampler2d", torch.ops.aten.grid_sampler_2d, _grid_setup, _grid_backward)
+_MODES = {name: code for code, name in INTERPOLATION_NAMES.items()}
+_PADDINGS = {name: code for code, name in PADDING_NAMES.items()}
+
+
+def grid_sample(input, grid, mode: str = "bilinear", padding_mode: str = "zeros", align_corners=False):
+    """torch.nn.functional.grid_sample whose backward runs our aclnnGridSampler2DBackward kernel.
+
+    input (N, C, H_in, W_in), grid (N, H_out, W_out, 2) with (x, y) in [-1, 1]; mode
+    "bilinear" | "nearest" | "bicubic"; padding_mode "zeros" | "border" | "reflection";
+    align_corners as in PyTorch (default False; None means False, as there).  Returns
+    (N, C, H_out, W_out).  A 5-D (volumetric) input goes to F.grid_sample itself (our
+    kernels are 2-D).  Raises ValueError for an unknown mode or padding_mode, as
+    F.grid_sample does, and aclnn_iree.AclnnError for shapes aclnn refuses.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"nn.functional.grid_sample(): expected mode to be 'bilinear', 'nearest' or 'bicubic', "
+                         f"but got: '{mode}'")
+    if padding_mode not in _PADDINGS:
+        raise ValueError("nn.functional.grid_sample(): expected padding_mode to be 'zeros', 'border', or "
+                         f"'reflection', but got: '{padding_mode}'")
+    if align_corners is None:
+        align_corners = False
+    L.check_bool("grid_sample", align_corners)
+    if input.dim() != 4:
+        return F.grid_sample(input, grid, mode=mode, padding_mode=padding_mode, align_corners=align_corners)
+    return _GridSampler2d.apply(input, grid, _MODES[mode], _PADDINGS[padding_mode], align_corners)
+
+
+# ----------------------------------------------------------------------------- enable()
+def _grid_kernel(keyset, grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
+    tensors = (grad_output, input, grid)
+    name = B.iree_device_for(*tensors) if O.is_enabled() and all(t.dtype in B.SUPPORTED_DTYPES and t.dtype == input.dtype
+                                                         for t in tensors) else None
+    if name is None:
+        return O.original(ATEN).call_boxed(keyset, grad_output, input, grid, interpolation_mode, padding_mode,
+                                            align_corners, output_mask)
+    # A masked-out gradient is returned undefined (None), as aten returns grad_input.
+    return grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, padding_mode,
+                                   align_corners, output_mask)
+
+
+ATEN_OVERRIDES = {ATEN: _grid_kernel}

@@ -1,0 +1,230 @@
+"""Bilinear upsampling in PyTorch (its Operator's `torch` module): the custom ops
+``torch.ops.aclnn_iree.upsample_bilinear2d_backward`` (aten's schema) and
+``upsample_bilinear2d`` (PyTorch's forward, our backward), their fake implementations and
+autograd formulas (the backward op's too, for a double backward), the drop-in
+``interpolate`` (mode="bilinear"), and the kernel `enable()` puts over
+aten::upsample_bilinear2d_backward on CPU (ATEN_OVERRIDES).  Devices: aclnn_iree.torch._bridge."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ..core import api
+from ..ops.upsample import OPERATOR, call_kind
+from . import _bridge as B
+from . import _library as L
+from . import override as O
+
+__all__ = ["upsample_bilinear2d_backward", "upsample_bilinear2d", "interpolate", "upsample_backward", "ATEN_OVERRIDES"]
+
+ATEN = "aten::" + OPERATOR.name
+L.define("upsample_bilinear2d_backward(Tensor grad_output, SymInt[2] output_size, SymInt[4] input_size, "
+            "bool align_corners, float? scales_h=None, float? scales_w=None) -> Tensor")
+L.define("upsample_bilinear2d(Tensor input, SymInt[2] output_size, bool align_corners, float? scales_h=None, "
+            "float? scales_w=None) -> Tensor")
+
+
+# ----------------------------------------------------------------------------- the call
+def upsample_backward(name, grad_output, output_size, input_size, align_corners, scales_h, scales_w):
+    """grad_input of upsample_bilinear2d on IREE device `name`, in grad_output's memory format:
+    a channels_last grad_output takes the NHWC kernel and gives a channels_last gradient,
+    any other the NCHW one (a strided grad_output is copied once).  Raises AclnnError."""
+    nhwc = B.is_channels_last(grad_output)
+    fmt = torch.channels_last if nhwc else torch.contiguous_format
+    go = grad_output.contiguous(memory_format=fmt)
+    N, C, H, W = (int(v) for v in input_size)
+    out = torch.empty((N, C, H, W), dtype=go.dtype, device=go.device, memory_format=fmt)
+    run = B.Launch(OPERATOR.call_device(name, go.numel() + out.numel(), call_kind(go.shape, out.shape)), (go,))
+    if nhwc:  # the kernels take NHWC as (N, H, W, C) arrays, C fastest
+        storages = [run.storage(go.permute(0, 2, 3, 1), "NHWC"), run.storage(out.permute(0, 2, 3, 1), "NHWC", True)]
+        isz = (N, H, W, C)
+    else:
+        storages, isz = [run.storage(go, "NCHW"), run.storage(out, "NCHW", True)], (N, C, H, W)
+    # A result read back from device memory (a GPU device for CPU tensors) is in the kernel's
+    # layout: NHWC goes into the channels_last tensor through its (N, H, W, C) view.
+    api.run_upsample(run.stream, storages, [int(v) for v in output_size], isz, bool(align_corners), scales_h,
+                     scales_w, read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]))
+    return out
+
+
+# ----------------------------------------------------------------------------- backward op
+def _upsample_format(grad_output):
+    return torch.channels_last if B.is_channels_last(grad_output) else torch.contiguous_format
+
+
+@L.impl("upsample_bilinear2d_backward")
+def upsample_bilinear2d_backward(grad_output: Tensor, output_size: Sequence[int], input_size: Sequence[int],
+                                 align_corners: bool, scales_h: Optional[float] = None,
+                                 scales_w: Optional[float] = None) -> Tensor:
+    """Gradient of bilinear 2-D upsampling (aten::upsample_bilinear2d_backward's schema).
+
+    grad_output (N, C, H_out, W_out) of float16, bfloat16, float32 or float64;
+    output_size (H_out, W_out); input_size (N, C, H_in, W_in); scales: the forward's scale
+    factors or None (a given scale must satisfy H_out == floor(H_in * scale)).  Returns
+    grad_input in grad_output's memory format (channels_last takes the NHWC kernel).
+    Raises aclnn_iree.AclnnError for invalid arguments.
+    """
+    L.check_dtype("upsample_bilinear2d_backward", grad_output)
+    name = B.iree_device_for(grad_output)
+    if name is None:
+        return torch.ops.aten.upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners,
+                                                           scales_h, scales_w)
+    return upsample_backward(name, grad_output, output_size, input_size, align_corners, scales_h, scales_w)
+
+
+@torch.library.register_fake("aclnn_iree::upsample_bilinear2d_backward")
+def _(grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    return grad_output.new_empty(tuple(input_size)).contiguous(memory_format=_upsample_format(grad_output))
+
+
+def _up_bw_setup(ctx, inputs, output):
+    grad_output, output_size, input_size, align_corners, scales_h, scales_w = inputs
+    ctx.args = (list(output_size), align_corners, scales_h, scales_w)
+
+
+def _up_bw_backward(ctx, grad):
+    """The backward is linear in grad_output; its adjoint is the forward (as aten's formula)."""
+    output_size, align_corners, scales_h, scales_w = ctx.args
+    return (torch.ops.aclnn_iree.upsample_bilinear2d(grad, output_size, align_corners, scales_h, scales_w),
+            None, None, None, None, None)
+
+
+torch.library.register_autograd("aclnn_iree::upsample_bilinear2d_backward", _up_bw_backward,
+                                setup_context=_up_bw_setup)
+
+
+# ----------------------------------------------------------------------------- forward op
+@L.impl("upsample_bilinear2d")
+def upsample_bilinear2d(input: Tensor, output_size: Sequence[int], align_corners: bool,
+                        scales_h: Optional[float] = None, scales_w: Optional[float] = None) -> Tensor:
+    """PyTorch's aten::upsample_bilinear2d, differentiated by our upsample_bilinear2d_backward."""
+    return torch.ops.aten.upsample_bilinear2d(input, output_size, align_corners, scales_h, scales_w)
+
+
+torch.library.register_fake("aclnn_iree::upsample_bilinear2d", upsample_bilinear2d)
+
+
+def _up_setup(ctx, inputs, output):
+    input, output_size, align_corners, scales_h, scales_w = inputs
+    ctx.args = (list(output_size), list(input.shape), align_corners, scales_h, scales_w)
+
+
+def _up_backward(ctx, grad):
+    output_size, input_size, align_corners, scales_h, scales_w = ctx.args
+    dx = L.backward_op(torch.ops.aclnn_iree.upsample_bilinear2d_backward, grad, output_size, input_size,
+                      align_corners, scales_h, scales_w)
+    return dx, None, None, None, None
+
+
+torch.library.register_autograd("aclnn_iree::upsample_bilinear2d", _up_backward, setup_context=_up_setup)
+
+
+# ----------------------------------------------------------------------------- interpolate
+_UpsampleBilinear2d = L.autograd_function("_UpsampleBilinear2d", torch.ops.aten.upsample_bilinear2d, _up_setup,
+                                          _up_backward)
+
+
+def _scale(s) -> float:
+    """One scale factor as F.interpolate takes it: a real number (not a tensor or a string)."""
+    if isinstance(s, torch.Tensor) or not isinstance(s, numbers.Real):
+        raise TypeError(f"interpolate(): expected scale_factor to be a float or a tuple of floats, got "
+                        f"{type(s).__name__}")
+    return float(s)
+
+
+def _is_integer(x) -> bool:
+    return isinstance(x, int) or (isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dim() == 0)
+
+
+def interpolate(input, size=None, scale_factor=None, mode: str = "bilinear", align_corners=None,
+                recompute_scale_factor=None, antialias: bool = False):
+    """torch.nn.functional.interpolate(mode="bilinear") whose backward is our
+    aclnnUpsampleBilinear2dBackwardV2 kernel.
+
+    input (N, C, H, W), contiguous or channels_last (the gradient keeps its layout and
+    takes the NHWC kernel); exactly one of size ((H_out, W_out) or an int) and
+    scale_factor (a float or two); align_corners defaults to False; recompute_scale_factor
+    as in PyTorch.  The output size and the scales given to the backward are computed
+    exactly as F.interpolate computes them, so the gradients match autograd's.  Raises
+    ValueError for another mode (naming the supported one), for antialias=True, and for
+    the argument errors F.interpolate raises.
+    """
+    if mode != "bilinear":
+        raise ValueError(f"aclnn_iree.torch.interpolate supports mode='bilinear' only, got mode={mode!r}; use "
+                         "torch.nn.functional.interpolate for other modes")
+    if antialias:
+        raise ValueError("aclnn_iree.torch.interpolate has no antialias=True form (aclnn's upsample backward has "
+                         "none); use torch.nn.functional.interpolate")
+    if input.dim() != 4:
+        raise NotImplementedError(f"Got {input.dim()}D input, but bilinear mode needs 4D input")
+    if align_corners is None:
+        align_corners = False
+    L.check_bool("interpolate", align_corners)
+    dim = 2
+    if size is not None and scale_factor is not None:
+        raise ValueError("only one of size or scale_factor should be defined")
+    if size is not None:
+        if isinstance(size, (list, tuple)):
+            if len(size) != dim:
+                raise ValueError(
+                    "Input and output must have the same number of spatial dimensions, but got "
+                    f"input with spatial dimensions of {list(input.shape[2:])} and output size of {size}. "
+                    "Please provide input tensor in (N, C, d1, d2, ...,dK) format and "
+                    "output size in (o1, o2, ...,oK) format.")
+            if not all(_is_integer(x) for x in size):
+                raise TypeError("expected size to be one of int or Tuple[int] or Tuple[int, int] or "
+                                f"Tuple[int, int, int], but got size with types {[type(x) for x in size]}")
+            output_size = [int(x) for x in size]
+        else:
+            output_size = [int(size)] * dim
+        scale_factors = None
+    elif scale_factor is not None:
+        if isinstance(scale_factor, (list, tuple)):
+            if len(scale_factor) != dim:
+                raise ValueError(
+                    "Input and scale_factor must have the same number of spatial dimensions, but "
+                    f"got input with spatial dimensions of {list(input.shape[2:])} and "
+                    f"scale_factor of shape {scale_factor}. "
+                    "Please provide input tensor in (N, C, d1, d2, ...,dK) format and "
+                    "scale_factor in (s1, s2, ...,sK) format.")
+            scale_factors = [_scale(s) for s in scale_factor]
+        else:
+            scale_factors = [_scale(scale_factor)] * dim
+        output_size = None
+    else:
+        raise ValueError("either size or scale_factor should be defined")
+    if recompute_scale_factor and size is not None:
+        raise ValueError("recompute_scale_factor is not meaningful with an explicit size.")
+    if output_size is None:  # as F.interpolate and ATen's upsample_compute_output_size: truncate in double
+        sizes = [input.size(i + 2) * scale_factors[i] for i in range(dim)]
+        if any(isinstance(v, float) and not abs(v) < 2.0 ** 63 for v in sizes):  # NaN, inf, beyond int64
+            raise RuntimeError("value cannot be converted to type int64_t without overflow")
+        output_size = [torch.sym_int(v) for v in sizes]
+        if recompute_scale_factor:
+            scale_factors = None
+    scales_h, scales_w = scale_factors if scale_factors is not None else (None, None)
+    return _UpsampleBilinear2d.apply(input, output_size, align_corners, scales_h, scales_w)
+
+
+# ----------------------------------------------------------------------------- enable()
+def _consistent(scale, in_size, out_size) -> bool:
+    return scale is None or scale <= 0 or out_size == math.floor(in_size * scale)
+
+
+def _upsample_kernel(keyset, grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
+    name = None
+    if (O.is_enabled() and grad_output.dtype in B.SUPPORTED_DTYPES and len(output_size) == 2 and len(input_size) == 4
+            and _consistent(scales_h, input_size[2], output_size[0])
+            and _consistent(scales_w, input_size[3], output_size[1])):
+        name = B.iree_device_for(grad_output)
+    if name is None:
+        return O.original(ATEN).call_boxed(keyset, grad_output, output_size, input_size, align_corners,
+                                                scales_h, scales_w)
+    return upsample_backward(name, grad_output, output_size, input_size, align_corners, scales_h, scales_w)
+
+
+ATEN_OVERRIDES = {ATEN: _upsample_kernel}
