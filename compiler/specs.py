@@ -102,7 +102,14 @@ class KernelSpec:
     `template` (its template family's root, `<family>/module.mlir.j2`), and the classmethod
     `enumerate(dtypes)` (every specialisation, for all_specs)."""
 
-    def _validate_dtype(self):
+    # {field: the values it may take}, each operator's own; checked on construction
+    choices: dict = {}
+
+    def __post_init__(self):
+        """Raises ValueError for a field outside its choices, KeyError for an unknown dtype."""
+        for field, allowed in self.choices.items():
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"{field} {getattr(self, field)!r} not in {allowed}")
         dtype_info(self.dtype)
 
     def _name(self, *parts) -> str:
@@ -136,13 +143,7 @@ class GridSamplerSpec(KernelSpec):
 
     op = "grid_sampler_2d_backward"
     template = "grid_sampler_2d_backward/module.mlir.j2"
-
-    def __post_init__(self):
-        if self.interpolation_mode not in INTERPOLATION_MODES:
-            raise ValueError(f"interpolation_mode {self.interpolation_mode!r} not in {INTERPOLATION_MODES}")
-        if self.padding_mode not in PADDING_MODES:
-            raise ValueError(f"padding_mode {self.padding_mode!r} not in {PADDING_MODES}")
-        self._validate_dtype()
+    choices = {"interpolation_mode": INTERPOLATION_MODES, "padding_mode": PADDING_MODES}
 
     @property
     def kernel_name(self) -> str:
@@ -214,11 +215,7 @@ class UpsampleSpec(KernelSpec):
 
     op = "upsample_bilinear2d_backward"
     template = "upsample_bilinear2d_backward/module.mlir.j2"
-
-    def __post_init__(self):
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"layout {self.layout!r} not in {LAYOUTS}")
-        self._validate_dtype()
+    choices = {"layout": LAYOUTS}
 
     @property
     def kernel_name(self) -> str:

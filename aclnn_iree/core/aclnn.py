@@ -70,21 +70,31 @@ def _set_error(message: str):
     _tls.message = message
 
 
+def _captured(fn, args, kwargs, unexpected):
+    """(True, fn's result), or (False, the status) with the message kept for
+    aclGetRecentErrMsg: an AclnnError's own, or `unexpected(e)` (an AclnnError) for any other
+    exception, which never escapes the aclnn layer."""
+    try:
+        return True, fn(*args, **kwargs)
+    except AclnnError as e:
+        err = e
+    except Exception as e:
+        err = unexpected(e)
+    _set_error(str(err))
+    return False, err.status
+
+
 def _status_call(failure_extra=()):
     """Decorator: an AclnnError inside becomes (status, *failure_extra); any other exception
     becomes ACLNN_ERR_INNER.  The message is kept for aclGetRecentErrMsg."""
     def wrap(fn):
         @functools.wraps(fn)
         def inner(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            except AclnnError as e:
-                _set_error(str(e))
-                status = e.status
-            except Exception as e:  # never let an exception escape the aclnn layer
-                _set_error(f"ACLNN_ERR_INNER ({E.ACLNN_ERR_INNER}): {type(e).__name__}: {e}")
-                status = E.ACLNN_ERR_INNER
-            return (status, *failure_extra) if failure_extra else status
+            ok, value = _captured(fn, args, kwargs,
+                                  lambda e: AclnnError(E.ACLNN_ERR_INNER, f"{type(e).__name__}: {e}"))
+            if ok:
+                return value
+            return (value, *failure_extra) if failure_extra else value
         return inner
     return wrap
 
@@ -94,13 +104,9 @@ def _object_call(fn):
     with its status (an unexpected exception is 161002: the arguments were not usable)."""
     @functools.wraps(fn)
     def inner(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except AclnnError as e:
-            _set_error(str(e))
-        except Exception as e:
-            _set_error(str(AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"{fn.__name__}: {type(e).__name__}: {e}")))
-        return None
+        ok, value = _captured(fn, args, kwargs, lambda e: AclnnError(
+            E.ACLNN_ERR_PARAM_INVALID, f"{fn.__name__}: {type(e).__name__}: {e}"))
+        return value if ok else None
     return inner
 
 

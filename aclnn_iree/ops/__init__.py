@@ -49,8 +49,8 @@ class Operator:
     check / bind: its phase-1 argument checks and binding (the operator module's);
     reference: its float64 NumPy reference (ops/reference.py), PyTorch's formulas;
     inline_work: {call kind: elements}: calls with at most this much work (grad_output plus
-    grad_input elements) run inline on local-sync where local-task is asked for (core/api.py
-    call_device); "" is every call's kind unless the operator's module names another;
+    grad_input elements) run inline on local-sync where local-task is asked for (call_device);
+    "" is every call's kind unless the operator's module names another;
     torch: the module of its PyTorch integration (the aten kernels `enable()` overrides, its
     custom ops), imported by aclnn_iree.torch;
     bench: the module of its benchmark (cases, inputs, our calls, PyTorch's and the peers'),

@@ -52,7 +52,8 @@ CASES = [c for b in BENCHES.values() for c in b.CASES]
 QUICK = set().union(*(b.QUICK for b in BENCHES.values()))
 
 
-def _median_time(fn, repeats: int, warmup: int = 2) -> float:
+def _times(fn, repeats: int, warmup: int) -> list:
+    """Seconds of each of `repeats` calls of `fn`, after `warmup` untimed calls."""
     for _ in range(warmup):
         fn()
     ts = []
@@ -60,7 +61,11 @@ def _median_time(fn, repeats: int, warmup: int = 2) -> float:
         t = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
+    return ts
+
+
+def _median_time(fn, repeats: int, warmup: int = 2) -> float:
+    return float(np.median(_times(fn, repeats, warmup)))
 
 
 # A block median more than this far above another block's median of the same function
@@ -83,13 +88,7 @@ def alternating_medians(fns: dict, repeats: int, blocks: int = 3, warmup: int = 
     block_medians = {k: [] for k in fns}
     for _ in range(blocks):
         for k, fn in fns.items():
-            for _ in range(warmup):
-                fn()
-            block = []
-            for _ in range(per_block):
-                t = time.perf_counter()
-                fn()
-                block.append(time.perf_counter() - t)
+            block = _times(fn, per_block, warmup)
             ts[k] += block
             block_medians[k].append(float(np.median(block)))
     for k, m in block_medians.items():
@@ -223,7 +222,7 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None, peers=()) -
     run()
     deterministic = all(np.array_equal(a, o.numpy()) for a, o in zip(first, outs))
     # End to end as users call it: the Pythonic layer with the device's name, so its small calls
-    # run inline as theirs do (api.call_device: only the name "local-task" inlines; a Device
+    # run inline as theirs do (Operator.call_device: only the name "local-task" inlines; a Device
     # object, which fixes the worker count for phase 2 above, would wake the workers).
     fns = {"phase2": run, "e2e": _pythonic(case, arrays, _device_name(device))}
     peer_diff = None

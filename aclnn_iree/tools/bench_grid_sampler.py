@@ -9,17 +9,13 @@ from ..core.api import grid_sampler_2d_backward
 from ..ops.grid_sampler import INTERPOLATION_NAMES, OPERATOR, PADDING_NAMES
 from .cases import Case
 
-__all__ = ["CASES", "QUICK", "inputs", "compulsory_bytes", "pythonic", "phase2", "torch_backward", "torch_compile",
-           "jax_backward", "torch_step"]
-
-_OP = OPERATOR.name
 CASES = [
-    Case("gs_bilinear_zeros_8x64x64", _OP, (8, 64, 64, 64, 64, 64), large=True),
-    Case("gs_bilinear_border_ac_4x32x128", _OP, (4, 32, 128, 128, 128, 128), 0, 1, True, large=True),
-    Case("gs_bilinear_reflection_16x3x224", _OP, (16, 3, 224, 224, 224, 224), 0, 2, False, large=True),
-    Case("gs_bilinear_zeros_ac_1x256_32to64", _OP, (1, 256, 32, 32, 64, 64), 0, 0, True),
-    Case("gs_nearest_border_8x64x64", _OP, (8, 64, 64, 64, 64, 64), 1, 1, False),
-    Case("gs_bicubic_zeros_4x16x64", _OP, (4, 16, 64, 64, 64, 64), 2, 0, False),
+    Case("gs_bilinear_zeros_8x64x64", OPERATOR.name, (8, 64, 64, 64, 64, 64), large=True),
+    Case("gs_bilinear_border_ac_4x32x128", OPERATOR.name, (4, 32, 128, 128, 128, 128), 0, 1, True, large=True),
+    Case("gs_bilinear_reflection_16x3x224", OPERATOR.name, (16, 3, 224, 224, 224, 224), 0, 2, False, large=True),
+    Case("gs_bilinear_zeros_ac_1x256_32to64", OPERATOR.name, (1, 256, 32, 32, 64, 64), 0, 0, True),
+    Case("gs_nearest_border_8x64x64", OPERATOR.name, (8, 64, 64, 64, 64, 64), 1, 1, False),
+    Case("gs_bicubic_zeros_4x16x64", OPERATOR.name, (4, 16, 64, 64, 64, 64), 2, 0, False),
 ]
 QUICK = {"gs_bilinear_zeros_8x64x64", "gs_bicubic_zeros_4x16x64"}
 

@@ -9,24 +9,20 @@ from ..core.api import upsample_bilinear2d_backward
 from ..ops.upsample import OPERATOR
 from .cases import Case
 
-__all__ = ["CASES", "QUICK", "inputs", "compulsory_bytes", "pythonic", "phase2", "torch_backward", "torch_compile",
-           "jax_backward", "torch_step"]
-
-_OP = OPERATOR.name
 CASES = [
-    Case("up_x2_8x64_64from128", _OP, (8, 64, 64, 64, 128, 128), large=True),
-    Case("up_seghead_1x19_128x256from512x1024", _OP, (1, 19, 128, 256, 512, 1024), large=True),
-    Case("up_channels_ac_4x256_32from64", _OP, (4, 256, 32, 32, 64, 64), align_corners=True),
-    Case("up_down_2x16_300x400from150x200", _OP, (2, 16, 300, 400, 150, 200)),
-    Case("up_x2_nhwc_8x64_64from128", _OP, (8, 64, 64, 64, 128, 128), layout="NHWC"),
+    Case("up_x2_8x64_64from128", OPERATOR.name, (8, 64, 64, 64, 128, 128), large=True),
+    Case("up_seghead_1x19_128x256from512x1024", OPERATOR.name, (1, 19, 128, 256, 512, 1024), large=True),
+    Case("up_channels_ac_4x256_32from64", OPERATOR.name, (4, 256, 32, 32, 64, 64), align_corners=True),
+    Case("up_down_2x16_300x400from150x200", OPERATOR.name, (2, 16, 300, 400, 150, 200)),
+    Case("up_x2_nhwc_8x64_64from128", OPERATOR.name, (8, 64, 64, 64, 128, 128), layout="NHWC"),
     # H down-sampled while W is up-sampled: the W pass goes first (pass_order); H first
     # would cost H_in * W_out per plane (1374 ms on the 2000x case).
-    Case("up_mixed_4x32_512x64from128x256", _OP, (4, 32, 512, 64, 128, 256)),
-    Case("up_mixed_2x32_2000x1from1x2000", _OP, (2, 32, 2000, 1, 1, 2000)),
-    Case("up_mixed_nhwc_2x32_2000x1from1x2000", _OP, (2, 32, 2000, 1, 1, 2000), layout="NHWC"),
+    Case("up_mixed_4x32_512x64from128x256", OPERATOR.name, (4, 32, 512, 64, 128, 256)),
+    Case("up_mixed_2x32_2000x1from1x2000", OPERATOR.name, (2, 32, 2000, 1, 1, 2000)),
+    Case("up_mixed_nhwc_2x32_2000x1from1x2000", OPERATOR.name, (2, 32, 2000, 1, 1, 2000), layout="NHWC"),
     # interpolate to the size a tensor already has (as segmentation heads do unconditionally):
     # PyTorch maps both axes onto themselves, and the backward is a copy (`_same_size`)
-    Case("up_same_2x32_64from64", _OP, (2, 32, 64, 64, 64, 64)),
+    Case("up_same_2x32_64from64", OPERATOR.name, (2, 32, 64, 64, 64, 64)),
 ]
 QUICK = {"up_x2_8x64_64from128", "up_down_2x16_300x400from150x200", "up_x2_nhwc_8x64_64from128"}
 

@@ -9,21 +9,18 @@ from torch import Tensor
 
 from . import _bridge as B
 
-__all__ = ["define", "impl", "check_dtype", "masked", "backward_op", "autograd_function", "check_bool"]
+__all__ = ["op", "check_dtype", "masked", "backward_op", "autograd_function", "check_bool"]
 
 _lib = torch.library.Library("aclnn_iree", "DEF")
 
 
-def define(schema: str):
-    """Defines the op `aclnn_iree::<schema>` (aten's own schemas)."""
-    _lib.define(schema)
-
-
-def impl(name):
-    """Registers a Python kernel for every backend (Library.impl: about 5 us per call, a
+def op(schema: str):
+    """Decorator: defines `aclnn_iree::<schema>` (aten's own schemas) and registers the
+    function as its Python kernel for every backend (Library.impl: about 5 us per call, a
     quarter of torch.library.custom_op's wrapper); each kernel picks its device itself."""
     def register(fn):
-        _lib.impl(name, fn, "CompositeExplicitAutograd")
+        _lib.define(schema)
+        _lib.impl(schema.split("(", 1)[0], fn, "CompositeExplicitAutograd")
         return fn
     return register
 

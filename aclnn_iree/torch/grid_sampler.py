@@ -21,11 +21,6 @@ from . import override as O
 
 __all__ = ["grid_sampler_2d_backward", "grid_sampler_2d", "grid_sample", "grid_sampler_backward", "ATEN_OVERRIDES"]
 
-ATEN = "aten::" + OPERATOR.name
-L.define("grid_sampler_2d_backward(Tensor grad_output, Tensor input, Tensor grid, int interpolation_mode, "
-         "int padding_mode, bool align_corners, bool[2] output_mask) -> (Tensor, Tensor)")
-L.define("grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
-         "bool align_corners) -> Tensor")
 
 
 # ----------------------------------------------------------------------------- the call
@@ -48,7 +43,8 @@ def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, pa
 
 
 # ----------------------------------------------------------------------------- backward op
-@L.impl("grid_sampler_2d_backward")
+@L.op("grid_sampler_2d_backward(Tensor grad_output, Tensor input, Tensor grid, int interpolation_mode, "
+      "int padding_mode, bool align_corners, bool[2] output_mask) -> (Tensor, Tensor)")
 def grid_sampler_2d_backward(grad_output: Tensor, input: Tensor, grid: Tensor, interpolation_mode: int,
                              padding_mode: int, align_corners: bool, output_mask: Sequence[bool]):
     """Gradients of grid_sample w.r.t. input and grid (aten::grid_sampler_2d_backward's schema).
@@ -106,7 +102,8 @@ torch.library.register_autograd("aclnn_iree::grid_sampler_2d_backward", _grid_bw
 
 
 # ----------------------------------------------------------------------------- forward op
-@L.impl("grid_sampler_2d")
+@L.op("grid_sampler_2d(Tensor input, Tensor grid, int interpolation_mode, int padding_mode, "
+      "bool align_corners) -> Tensor")
 def grid_sampler_2d(input: Tensor, grid: Tensor, interpolation_mode: int, padding_mode: int,
                     align_corners: bool) -> Tensor:
     """PyTorch's aten::grid_sampler_2d, differentiated by our grid_sampler_2d_backward."""
@@ -168,11 +165,11 @@ def _grid_kernel(keyset, grad_output, input, grid, interpolation_mode, padding_m
     name = B.iree_device_for(*tensors) if O.is_enabled() and all(t.dtype in B.SUPPORTED_DTYPES and t.dtype == input.dtype
                                                          for t in tensors) else None
     if name is None:
-        return O.original(ATEN).call_boxed(keyset, grad_output, input, grid, interpolation_mode, padding_mode,
+        return O.original(f"aten::{OPERATOR.name}").call_boxed(keyset, grad_output, input, grid, interpolation_mode, padding_mode,
                                             align_corners, output_mask)
     # A masked-out gradient is returned undefined (None), as aten returns grad_input.
     return grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, padding_mode,
                                    align_corners, output_mask)
 
 
-ATEN_OVERRIDES = {ATEN: _grid_kernel}
+ATEN_OVERRIDES = {f"aten::{OPERATOR.name}": _grid_kernel}

@@ -21,11 +21,6 @@ from . import override as O
 
 __all__ = ["upsample_bilinear2d_backward", "upsample_bilinear2d", "interpolate", "upsample_backward", "ATEN_OVERRIDES"]
 
-ATEN = "aten::" + OPERATOR.name
-L.define("upsample_bilinear2d_backward(Tensor grad_output, SymInt[2] output_size, SymInt[4] input_size, "
-            "bool align_corners, float? scales_h=None, float? scales_w=None) -> Tensor")
-L.define("upsample_bilinear2d(Tensor input, SymInt[2] output_size, bool align_corners, float? scales_h=None, "
-            "float? scales_w=None) -> Tensor")
 
 
 # ----------------------------------------------------------------------------- the call
@@ -56,7 +51,8 @@ def _upsample_format(grad_output):
     return torch.channels_last if B.is_channels_last(grad_output) else torch.contiguous_format
 
 
-@L.impl("upsample_bilinear2d_backward")
+@L.op("upsample_bilinear2d_backward(Tensor grad_output, SymInt[2] output_size, SymInt[4] input_size, "
+      "bool align_corners, float? scales_h=None, float? scales_w=None) -> Tensor")
 def upsample_bilinear2d_backward(grad_output: Tensor, output_size: Sequence[int], input_size: Sequence[int],
                                  align_corners: bool, scales_h: Optional[float] = None,
                                  scales_w: Optional[float] = None) -> Tensor:
@@ -98,7 +94,8 @@ torch.library.register_autograd("aclnn_iree::upsample_bilinear2d_backward", _up_
 
 
 # ----------------------------------------------------------------------------- forward op
-@L.impl("upsample_bilinear2d")
+@L.op("upsample_bilinear2d(Tensor input, SymInt[2] output_size, bool align_corners, float? scales_h=None, "
+      "float? scales_w=None) -> Tensor")
 def upsample_bilinear2d(input: Tensor, output_size: Sequence[int], align_corners: bool,
                         scales_h: Optional[float] = None, scales_w: Optional[float] = None) -> Tensor:
     """PyTorch's aten::upsample_bilinear2d, differentiated by our upsample_bilinear2d_backward."""
@@ -140,6 +137,14 @@ def _is_integer(x) -> bool:
     return isinstance(x, int) or (isinstance(x, torch.Tensor) and not x.is_floating_point() and x.dim() == 0)
 
 
+def _same_rank(input, values, what: str, got: str, form: str):
+    """F.interpolate's ValueError (its words) where `values` has not one entry per spatial axis."""
+    if len(values) != input.dim() - 2:
+        raise ValueError(f"Input and {what} must have the same number of spatial dimensions, but got input with "
+                         f"spatial dimensions of {list(input.shape[2:])} and {got}. Please provide input tensor "
+                         f"in (N, C, d1, d2, ...,dK) format and {form} format.")
+
+
 def interpolate(input, size=None, scale_factor=None, mode: str = "bilinear", align_corners=None,
                 recompute_scale_factor=None, antialias: bool = False):
     """torch.nn.functional.interpolate(mode="bilinear") whose backward is our
@@ -169,12 +174,7 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "bilinear", ali
         raise ValueError("only one of size or scale_factor should be defined")
     if size is not None:
         if isinstance(size, (list, tuple)):
-            if len(size) != dim:
-                raise ValueError(
-                    "Input and output must have the same number of spatial dimensions, but got "
-                    f"input with spatial dimensions of {list(input.shape[2:])} and output size of {size}. "
-                    "Please provide input tensor in (N, C, d1, d2, ...,dK) format and "
-                    "output size in (o1, o2, ...,oK) format.")
+            _same_rank(input, size, "output", f"output size of {size}", "output size in (o1, o2, ...,oK)")
             if not all(_is_integer(x) for x in size):
                 raise TypeError("expected size to be one of int or Tuple[int] or Tuple[int, int] or "
                                 f"Tuple[int, int, int], but got size with types {[type(x) for x in size]}")
@@ -184,13 +184,8 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "bilinear", ali
         scale_factors = None
     elif scale_factor is not None:
         if isinstance(scale_factor, (list, tuple)):
-            if len(scale_factor) != dim:
-                raise ValueError(
-                    "Input and scale_factor must have the same number of spatial dimensions, but "
-                    f"got input with spatial dimensions of {list(input.shape[2:])} and "
-                    f"scale_factor of shape {scale_factor}. "
-                    "Please provide input tensor in (N, C, d1, d2, ...,dK) format and "
-                    "scale_factor in (s1, s2, ...,sK) format.")
+            _same_rank(input, scale_factor, "scale_factor", f"scale_factor of shape {scale_factor}",
+                       "scale_factor in (s1, s2, ...,sK)")
             scale_factors = [_scale(s) for s in scale_factor]
         else:
             scale_factors = [_scale(scale_factor)] * dim
@@ -222,9 +217,9 @@ def _upsample_kernel(keyset, grad_output, output_size, input_size, align_corners
             and _consistent(scales_w, input_size[3], output_size[1])):
         name = B.iree_device_for(grad_output)
     if name is None:
-        return O.original(ATEN).call_boxed(keyset, grad_output, output_size, input_size, align_corners,
+        return O.original(f"aten::{OPERATOR.name}").call_boxed(keyset, grad_output, output_size, input_size, align_corners,
                                                 scales_h, scales_w)
     return upsample_backward(name, grad_output, output_size, input_size, align_corners, scales_h, scales_w)
 
 
-ATEN_OVERRIDES = {ATEN: _upsample_kernel}
+ATEN_OVERRIDES = {f"aten::{OPERATOR.name}": _upsample_kernel}
