@@ -2,10 +2,10 @@
 GPUs (Vulkan, at the end) the grid sampler's atomic form and the upsample's intermediate.
 
 The block pass accumulates dx in per-worker slots of a whole (channel block, image) plane
-with the channels interleaved (templates/_grid_sampler_cpu.mlir.j2), and the two-output and
+with the channels interleaved (templates/grid_sampler_2d_backward/cpu_slots.mlir.j2), and the two-output and
 grad_grid-only calls keep the block's input beside it plus partial grid-gradient sums.
 Where that would exceed the largest input (few channels of few images; float16/bfloat16,
-whose slots hold float32), islot_count (templates/_grid_sampler_host.mlir.j2) runs dx alone
+whose slots hold float32), islot_count (templates/grid_sampler_2d_backward/cpu_host.mlir.j2) runs dx alone
 in bands of pixels that fit and the grid gradient point-parallel (dgrid_points), with no
 partial sums.
 
@@ -234,7 +234,7 @@ def test_workspace_within_the_largest_input_for_every_shape(N, C, H, W, Ho, Wo, 
 
 
 # ----------------------------------------------------------------------------- GPUs (Vulkan)
-# The GPU forms (templates/_grid_sampler_gpu.mlir.j2) in their default, atomic dx mode (float32
+# The GPU forms (templates/grid_sampler_2d_backward/gpu_executable.mlir.j2) in their default, atomic dx mode (float32
 # atomics on Vulkan): the grid gradient is one point-parallel dispatch whose result IREE writes
 # into grad_grid's storage (no partial sums), so grad_grid alone needs no workspace in any
 # dtype; float32 dx accumulates in one dx-sized buffer (IREE 3.13 copies a dispatch result tied

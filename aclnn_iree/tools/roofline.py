@@ -127,7 +127,7 @@ def part_lines(mlir_lines, part: Part, full_blocks: bool = True, width: int = CH
     return [n + 1 for n in range(first, last) if n not in cold]
 
 
-# The scf.if conditions of the unmasked fast paths (templates/_grid_sampler_cpu.mlir.j2 and
+# The scf.if conditions of the unmasked fast paths (templates/grid_sampler_2d_backward/cpu_block_pass.mlir.j2 and
 # common.store_vec / load_vec): their else branches, the masked forms, run only at a slot's or
 # a row's end, and the packed slot pixels (%exact's else branch) only where the host found no
 # room for the aligned ones.  (slot_load's outer branch on cw == 8 is counted on both sides: a
