@@ -1,4 +1,5 @@
-"""The CPU upsample kernel's forms (templates/upsample_bilinear2d_backward/: cpu.mlir.j2 and the nchw_*, nhwc and same_size partials).
+"""The CPU upsample kernel's forms (templates/upsample_bilinear2d_backward/: cpu.mlir.j2 and the
+nchw_*, nhwc and same_size partials).
 
 * NHWC runs separably, an H pass into a stack tile of output columns, then a W pass, in
   the NCHW kernel's order of operations: the two layouts give the same bits.  The tile
