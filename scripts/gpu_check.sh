@@ -66,7 +66,7 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 # compile-only tests are deselected (the modules came built).
 run "numerical suites on $DEV (the CPU is the cross-device reference)" 210 \
     env ACLNN_IREE_TEST_DEVICES=$DEV $PY -m pytest -q -rf --maxfail=30 -p no:cacheprovider --rootdir "$REPO" \
-    "$REPO/tests/test_devices.py" "$REPO/tests/test_grid_sampler.py" "$REPO/tests/test_dtypes.py" \
+    "$REPO/tests/test_devices.py" "$REPO/tests/grid_sampler_2d_backward/test_grid_sampler.py" "$REPO/tests/test_dtypes.py" \
     -k "not artifact_compiles and not artifacts_compile and not test_named_gpu_arch and not ptxas"
 run "PyTorch integration on CUDA tensors (DLPack to IREE's cuda device)" 90 \
     $PY -m pytest -q -rf -x -p no:cacheprovider --rootdir "$REPO" "$REPO/tests/test_torch.py" -k cuda
