@@ -28,8 +28,8 @@ from aclnn_iree.compiler.targets import get_target
 from aclnn_iree.core.errors import AclnnError
 from aclnn_iree.runtime.store import cache_dir
 from conftest import DEVICES, device_missing, is_gpu, prepare_modules, require_device
-from test_grid_sampler import error_bounds, random_case
-from test_upsample_cpu_forms import W_FIRST_SHAPES
+from grid_sampler_2d_backward.test_grid_sampler import error_bounds, random_case
+from upsample_bilinear2d_backward.test_upsample_cpu_forms import W_FIRST_SHAPES
 
 # The GPU devices under test: vulkan (lavapipe in CI), or what ACLNN_IREE_TEST_DEVICES names
 # (scripts/gpu_check.sh: cuda).

@@ -211,7 +211,7 @@ def test_reflection_sign_of_huge_coordinates_is_an_exact_count(align_corners):
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_grid_sampler import _exact_reflected_dgrid_x
+    from grid_sampler_2d_backward.test_grid_sampler import _exact_reflected_dgrid_x
     rng = np.random.default_rng(21)
     vals = 10.0 ** rng.uniform(0, 300, 400) * rng.choice([-1, 1], 400)
     vals = np.concatenate([[1e30, -1e30, 1e16, -1e16, 3.6136936e16], vals])
