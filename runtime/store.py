@@ -33,10 +33,10 @@ __all__ = ["ArtifactMissing", "UnsupportedCpu", "is_offline", "load_module_bytes
 
 
 def default_artifacts_dir() -> Path:
-    """`artifacts/` of the source checkout the package runs from (aclnn_iree.tools.install.source_checkout),
+    """`artifacts/` of the source checkout the package runs from (aclnn_iree.core.install.source_checkout),
     else `<platformdirs user data dir>/artifacts` of an installed package, which `pip uninstall`
     leaves alone and which is never in site-packages."""
-    from ..tools.install import source_checkout
+    from ..core.install import source_checkout
     root = source_checkout()
     if root is not None:
         return root / "artifacts"

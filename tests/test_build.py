@@ -346,11 +346,12 @@ def test_wheel_contains_templates_and_subpackages(tmp_path):
     assert "aclnn_iree/templates/grid_sampler_2d_backward/module.mlir.j2" in templates
     assert templates == {f"aclnn_iree/templates/{p.relative_to(TEMPLATES).as_posix()}" for p in TEMPLATES.rglob("*.mlir.j2")}
     for required in ("aclnn_iree/compiler/specs.py", "aclnn_iree/runtime/store.py", "aclnn_iree/cli.py",
-                     "aclnn_iree/demo.py", "aclnn_iree/__main__.py"):
+                     "aclnn_iree/tools/demo.py", "aclnn_iree/__main__.py",
+                     "aclnn_iree/core/aclnn.py", "aclnn_iree/ops/registry.py"):
         assert required in names, f"{required} missing from the wheel"
     ep = next(n for n in names if n.endswith("entry_points.txt"))
     assert "aclnn-iree = aclnn_iree.cli:main" in zipfile.ZipFile(wheels[0]).read(ep).decode()
-    for required in ("aclnn_iree/torch/__init__.py", "aclnn_iree/torch/ops.py", "aclnn_iree/stereo.py"):
+    for required in ("aclnn_iree/torch/__init__.py", "aclnn_iree/torch/ops.py", "aclnn_iree/tools/stereo.py"):
         assert required in names, f"{required} missing from the wheel"
     # Installed (not editable), the package builds into the per-user data directory, never
     # into site-packages, and names the install command for such an installation.
@@ -358,7 +359,7 @@ def test_wheel_contains_templates_and_subpackages(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
                     str(wheels[0])], check=True, capture_output=True, timeout=600)
     code = ("import platformdirs, aclnn_iree; from aclnn_iree.runtime.store import PROJECT_ARTIFACTS; "
-            "from aclnn_iree.tools.install import install_command; "
+            "from aclnn_iree.core.install import install_command; "
             "print(aclnn_iree.__file__); print(PROJECT_ARTIFACTS); print(platformdirs.user_data_dir('aclnn-iree')); "
             "print(install_command('demo'))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=str(tmp_path),

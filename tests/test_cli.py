@@ -107,13 +107,13 @@ def test_unwritable_output_directories(unwritable, tmp_path):
 
 
 def test_demo_without_the_demo_extra_names_the_install_command(tmp_path):
-    from aclnn_iree.tools.install import install_command
+    from aclnn_iree.core.install import install_command
     line = assert_one_error_line(cli("demo", "--quick", "--out", str(tmp_path), block_torch=True), "PyTorch")
     assert install_command("demo") in line
 
 
 def test_bench_without_torch_names_the_install_command():
-    from aclnn_iree.tools.install import install_command
+    from aclnn_iree.core.install import install_command
     p = cli("bench", "--quick", "--no-compile", "--threads", "1", "--repeats", "1", "--op",
             "upsample_bilinear2d_backward", block_torch=True, timeout=600)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr

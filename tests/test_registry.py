@@ -114,3 +114,49 @@ def test_the_switch_finder_finds_switches(tmp_path):
                    '__all__ = ["grid_sampler_2d_backward"]\n')
     found = _switches(src, {op.name for op in OPERATORS})
     assert sorted(line for line, _ in found) == [1, 2, 4, 5, 6]
+
+
+def _imports(path: pathlib.Path) -> set:
+    """Every module `path` imports (relative imports resolved against its package)."""
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = list(rel.parts)
+    if parts[0] in ("compiler", "runtime"):
+        parts = ["aclnn_iree"] + parts
+    package = parts[:-1]  # a module's package, or an __init__'s own
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            found.add(mod)
+            found |= {f"{mod}.{a.name}" for a in node.names}
+    return found
+
+
+@pytest.mark.parametrize("layer", ["aclnn_iree/core", "aclnn_iree/ops", "compiler", "runtime"])
+def test_the_library_imports_neither_the_tools_nor_torch(layer):
+    """The layers below the PyTorch layer and the tools stand on their own: the core, the
+    operators, the compiler and the runtime import no tool (aclnn_iree.tools: the benchmark,
+    demos) and not torch (an Operator names its torch and bench modules; the layers above
+    load them)."""
+    for path in sorted((REPO / layer).rglob("*.py")):
+        bad = {m for m in _imports(path) if m.startswith(("aclnn_iree.tools", "aclnn_iree.torch", "torch"))
+               or m == "torch"}
+        assert not bad, f"{path.relative_to(REPO)} imports {sorted(bad)}"
+
+
+def test_public_import_paths():
+    """The paths users import keep working: the aclnn layer is one module under both names."""
+    import aclnn_iree
+    import aclnn_iree.aclnn as public
+    from aclnn_iree import aclnn
+    from aclnn_iree.core import aclnn as core
+    assert public is core and aclnn is core and aclnn_iree.aclnn is core
+    assert callable(aclnn_iree.grid_sampler_2d_backward) and callable(aclnn_iree.upsample_bilinear2d_backward)
+    namespace = {}
+    exec("from aclnn_iree.aclnn import *", namespace)
+    assert {"aclnnGridSampler2DBackward", "aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize",
+            "aclCreateTensor"} <= set(namespace)
+    from aclnn_iree.cli import main  # noqa: F401 - the console script's entry point

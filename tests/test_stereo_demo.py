@@ -140,7 +140,7 @@ def test_the_job_does_not_import_dynamo():
     import subprocess
     import sys
     code = ("import sys, dataclasses\n"
-            "from aclnn_iree import stereo as S\n"
+            "from aclnn_iree.tools import stereo as S\n"
             "left, right, _ = S.load_pair()\n"
             "cfg = dataclasses.replace(S.StereoConfig.quick(), levels=(8,), steps=(3,), lr=(0.5,), grids=(16, 8))\n"
             "run = S.estimate_disparity(left, right, cfg, 'torch', progress=False)\n"

@@ -337,15 +337,15 @@ def _templates_with_edited_macro(tmp_path, monkeypatch, macro: str, line: str):
     """Renders from a copy of the templates in which `line` opens `macro`'s output in the
     shared partial (the installed templates stay as they are)."""
     import importlib
+    import shutil
     from importlib import resources
 
     import jinja2
     render_mod = importlib.import_module("aclnn_iree.compiler.render")  # the module, not the function
     tdir = tmp_path / "templates"
-    tdir.mkdir()
-    for f in resources.files("aclnn_iree.templates").iterdir():
-        if f.name.endswith(".mlir.j2"):
-            (tdir / f.name).write_text(f.read_text())
+    # every family's folder with it
+    shutil.copytree(str(resources.files("aclnn_iree.templates")), tdir,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.py"))
     common = tdir / "_common.mlir.j2"
     text = common.read_text()
     head = re.search(r"\{%%- macro %s\(.*?%%\}\n" % macro, text)

@@ -188,7 +188,7 @@ def _max_rel_diff(ours, theirs, layout: str) -> float:
 def _usable_peers(out) -> tuple:
     """The peers of bench_peers that are installed here; says which are not and why."""
     from .bench_peers import available_peers
-    from .install import install_command
+    from ..core.install import install_command
     names = []
     for peer, why in available_peers().items():
         if why is None:
@@ -347,7 +347,7 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
         import torch
         torch.set_num_threads(threads)
     except ImportError:
-        from .install import install_command
+        from ..core.install import install_command
         torch = None
         out(f"torch is not installed: PyTorch columns are empty ({install_command('torch')} adds it)")
     for line in busy_warnings(threads):

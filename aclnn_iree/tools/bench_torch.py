@@ -85,7 +85,7 @@ def run_torch_bench(quick=False, threads=2, repeats=10, out=print) -> dict:
         import torch
         import torch.nn.functional as F
     except ImportError:
-        from .install import install_command
+        from ..core.install import install_command
         raise ImportError(f"bench --op torch needs PyTorch: {install_command('torch')}") from None
     import aclnn_iree.torch as AT
     torch.set_num_threads(threads)

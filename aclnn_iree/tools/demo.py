@@ -71,7 +71,7 @@ def load_photo(size: int = 256) -> np.ndarray:
         import skimage.data
         import skimage.transform
     except ImportError:  # pragma: no cover - depends on the environment
-        from .install import install_command
+        from ..core.install import install_command
         raise ImportError(f"the demo needs scikit-image for its photo: {install_command('demo')}") from None
     gray = skimage.color.rgb2gray(skimage.data.astronaut())
     if gray.shape != (size, size):

@@ -79,7 +79,7 @@ def load_pair():
     try:
         import skimage.data
     except ImportError:
-        from .install import install_command
+        from ..core.install import install_command
         raise ImportError(f"the demo needs scikit-image for its data: {install_command('demo')}") from None
     left, right, disparity = skimage.data.stereo_motorcycle()
     return left, right, disparity.astype(np.float32)

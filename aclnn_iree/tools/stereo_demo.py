@@ -142,7 +142,7 @@ def run_stereo_demo(out_dir="demo_output", quick: bool = False, backward: str = 
     try:
         import torch
     except ImportError:
-        from .install import install_command
+        from ..core.install import install_command
         raise ImportError(f"the demo needs PyTorch and scikit-image: {install_command('demo')} (README "
                           "'Install'; `aclnn-iree demo --photo` needs neither)") from None
     import aclnn_iree.torch as AT

@@ -12,7 +12,7 @@ def source_checkout():
     """The root of the source checkout the package runs from (an editable install, or the
     repository on sys.path), or None for an installed package: a pyproject.toml naming
     aclnn-iree beside the package's directories."""
-    root = Path(__file__).resolve().parent.parent.parent  # aclnn_iree/tools/install.py -> the checkout
+    root = Path(__file__).resolve().parent.parent.parent  # aclnn_iree/core/install.py -> the checkout
     try:
         if 'name = "aclnn-iree"' in (root / "pyproject.toml").read_text():
             return root
