@@ -63,9 +63,16 @@ def template_files(spec) -> dict:
         if name in files:
             continue
         files[name] = env.loader.get_source(env, name)[0]
-        # every import/include names its file literally (None would be a computed name: none here)
-        todo.extend(n for n in jinja2.meta.find_referenced_templates(env.parse(files[name])) if n)
+        todo.extend(_referenced(files[name]))
     return files
+
+
+@functools.lru_cache(maxsize=256)
+def _referenced(source: str) -> tuple:
+    """The templates `source` imports or includes (each names its file literally: a computed
+    name would be None, and there is none), parsed once per text: every specialisation of a
+    family reads the same files."""
+    return tuple(n for n in jinja2.meta.find_referenced_templates(_environment().parse(source)) if n)
 
 
 def render(spec, target=None) -> str:
