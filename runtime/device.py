@@ -306,6 +306,14 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def release_devices():
+    """Forgets this process's own devices (runtime.kernels, at exit); a later get_device makes
+    new ones.  Inherited devices (a forked child's orphans) are kept."""
+    global _devices
+    with _lock:
+        _devices = {}
+
+
 def get_device(name: str = "local-task") -> Device:
     """The shared Device for driver `name`; raises DeviceUnavailable when it cannot be created."""
     with _lock:

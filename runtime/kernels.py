@@ -8,10 +8,13 @@ size in bytes for the same arguments.
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import threading
 
 import iree.runtime as rt
 
+from . import device as _device
 from .device import Device, on_fork_in_child
 from .store import load_module_bytes
 
@@ -173,6 +176,21 @@ def unload_modules():
     with _lock:
         _modules = {}
         generation += 1
+
+
+@atexit.register
+def _release_at_exit():
+    """At interpreter exit (after the other threads were joined), drops the loaded modules and
+    the devices while IREE's bindings can still free them.  Left to the interpreter's
+    teardown, whatever keeps one of our modules alive past it (PyTorch's dispatcher holds our
+    kernels' functions, and with them their modules) made nanobind print a report of leaked
+    IREE objects at every exit of a process that used the torch layer.  A forked child's
+    inherited devices stay as they are (destroying them would wait for threads it does not
+    have)."""
+    global _modules
+    _modules = {}
+    _device.release_devices()
+    gc.collect()
 
 
 def load_module(device: Device, spec) -> LoadedModule:
