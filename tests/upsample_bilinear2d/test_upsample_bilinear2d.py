@@ -1,0 +1,165 @@
+"""upsample_bilinear2d (the forward, templates/upsample_bilinear2d/): numbers.
+
+* Against the float64 reference (aclnn_iree.ops.reference.upsample_bilinear2d) in every
+  dtype, with test_dtypes' dtype-derived bound: each output element is 4 terms (n = 4), S the
+  forward of |input|, A the source-index error (delta_h + delta_w, 4 * u32 * (in + 1) per
+  axis) times the largest |input| (the weights are computed in float32 for the half types).
+* Against PyTorch 2.13 CPU (torch.ops.aten.upsample_bilinear2d; a channels_last tensor for
+  NHWC) bitwise in float32 and float64 on the CPU devices: the templates take PyTorch's
+  source-index and blend expressions, fma where its AVX512 build contracts them, and its
+  choice between its channels-last and generic kernels (C > 3 in channels_last, or
+  H_out + W_out <= 128; both cases are covered below).  On Vulkan (Mesa's lavapipe, which may
+  evaluate fma unfused) the bound only, and the same non-finite pattern as PyTorch.
+* Structured inputs: up, down, mixed (H down, W up), same size (no copy shortcut: an inf
+  beside a kept pixel gives NaN through its weight 0, as in PyTorch), size-1 axes, given
+  scales, subnormals, inf/NaN, many channels.
+"""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from aclnn_iree.core import api
+from aclnn_iree.ops import reference as ref
+from conftest import is_gpu, require_device
+from test_dtypes import BF16, F16, F32, F64, U32, check_f64, check_half
+
+try:
+    import torch
+except ImportError:
+    torch = None
+
+DTYPES = (F32, F64, F16, BF16)
+LAYOUTS = ("NCHW", "NHWC")
+
+# (name, (N, C, H, W), (H_out, W_out), scales_h, scales_w)
+CASES = [
+    ("up", (2, 5, 7, 9), (15, 20), None, None),
+    ("down", (1, 6, 19, 23), (8, 9), None, None),
+    ("mixed", (1, 4, 40, 6), (17, 130), None, None),  # H down, W up; H_out + W_out > 128
+    ("same", (1, 5, 6, 7), (6, 7), None, None),
+    ("one-row", (2, 3, 1, 9), (1, 140), None, None),
+    ("to-one", (1, 4, 9, 11), (1, 1), None, None),
+    ("column", (1, 5, 200, 1), (1, 200), None, None),
+    ("scales", (1, 5, 10, 12), (23, 28), 2.3, 2.4),
+    ("generic-wide", (1, 21, 30, 40), (77, 91), None, None),
+    ("many-channels", (1, 70, 5, 6), (9, 11), None, None),
+]
+
+
+def run(x, osz, ac, sh, sw, layout, device):
+    """Our output, as an NCHW array, for the NCHW array x."""
+    if layout == "NHWC":
+        y = api.upsample_bilinear2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), osz, ac, sh, sw,
+                                    memory_format="NHWC", device=device)
+        return y.transpose(0, 3, 1, 2)
+    return api.upsample_bilinear2d(x, osz, ac, sh, sw, device=device)
+
+
+def torch_out(x, osz, ac, sh, sw, layout):
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    if layout == "NHWC":
+        t = t.contiguous(memory_format=torch.channels_last)
+    return torch.ops.aten.upsample_bilinear2d(t, list(osz), ac, sh, sw).contiguous().numpy()
+
+
+def check_reference(y, x, osz, ac, sh, sw, dtype, what):
+    r = ref.upsample_bilinear2d(x.astype(np.float64), osz, ac, sh, sw)
+    if dtype == F64:
+        check_f64(np.ascontiguousarray(y), r, what)
+        return
+    S = ref.upsample_bilinear2d(np.abs(x.astype(np.float64)), osz, ac, sh, sw)
+    H, W = x.shape[2:]
+    A = (4 * U32 * (H + 1) + 4 * U32 * (W + 1)) * float(np.abs(x.astype(np.float64)).max())
+    check_half(np.ascontiguousarray(y), r, S, 4, A, dtype, what)
+
+
+def same_bits(y, e, what):
+    same = (y == e) | (np.isnan(y) & np.isnan(e))
+    same &= (np.signbit(y) == np.signbit(e)) | np.isnan(y)
+    assert same.all(), f"{what}: {int((~same).sum())} elements differ from PyTorch, e.g. at {np.argwhere(~same)[0]}"
+
+
+def same_nonfinite(y, e, what):
+    assert np.array_equal(np.isnan(y), np.isnan(e)), f"{what}: NaN pattern differs from PyTorch"
+    inf = np.isinf(e)
+    assert np.array_equal(np.isinf(y), inf) and np.array_equal(y[inf], e[inf]), f"{what}: inf differs from PyTorch"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("ac", (False, True), ids=("ac0", "ac1"))
+def test_cases(device, ac, dtype, layout):
+    rng = np.random.default_rng(hash((ac, np.dtype(dtype).name, layout)) % 2**32)
+    for name, shape, osz, sh, sw in CASES:
+        if ac and sh is not None:
+            continue  # align_corners ignores the scales: covered without them
+        x = rng.standard_normal(shape).astype(dtype)
+        what = f"{device}/{layout}/ac{int(ac)}/{np.dtype(dtype).name}/{name}"
+        y = run(x, osz, ac, sh, sw, layout, device)
+        assert y.dtype == np.dtype(dtype) and y.shape == shape[:2] + osz, what
+        check_reference(y, x, osz, ac, sh, sw, np.dtype(dtype), what)
+        if torch is not None and dtype in (F32, F64) and not is_gpu(device):
+            same_bits(y, torch_out(x, osz, ac, sh, sw, layout), what)
+
+
+def _special_input(dtype, kind, rng):
+    x = rng.standard_normal((1, 20, 12, 13))
+    if kind == "nonfinite":
+        x[0, :, 3, 4] = np.inf
+        x[0, :5, 5, 5] = np.nan
+        x[0, 6, 7, 7] = -np.inf
+        x[0, 7, 11, 12] = np.inf  # the last row and column
+    elif kind == "subnormal":
+        x *= float(np.finfo(dtype).smallest_normal) * 4
+    elif kind == "signed-zero":
+        x = np.where(x > 0, 0.0, -0.0)
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", (F32, F64), ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("kind", ("nonfinite", "subnormal", "signed-zero"))
+def test_special_values(device, kind, dtype, layout):
+    if torch is None:
+        pytest.skip("needs PyTorch")
+    rng = np.random.default_rng(5)
+    x = _special_input(dtype, kind, rng)
+    for osz in ((12, 13), (12, 40), (70, 80), (7, 9), (200, 5)):
+        for ac in (False, True):
+            what = f"{device}/{layout}/ac{int(ac)}/{np.dtype(dtype).name}/{kind}/{osz}"
+            y = run(x, osz, ac, None, None, layout, device)
+            e = torch_out(x, osz, ac, None, None, layout)
+            if not is_gpu(device):
+                same_bits(y, e, what)
+            elif kind == "nonfinite":
+                same_nonfinite(y, e, what)
+            else:
+                check_reference(y, x, osz, ac, None, None, np.dtype(dtype), what)
+
+
+@pytest.mark.parametrize("C", (4, 7, 8, 9, 13, 24, 29, 33))
+def test_channels_last_tail(C):
+    """PyTorch's channels-last kernel blends its vector channels and its last C mod (32 bytes /
+    element) channels in different fma nestings: every split, both dtypes, on the CPU."""
+    if torch is None:
+        pytest.skip("needs PyTorch")
+    rng = np.random.default_rng(C)
+    for dtype in (F32, F64):
+        x = rng.standard_normal((1, C, 12, 13)).astype(dtype)
+        for osz in ((30, 31), (150, 7)):
+            for layout in LAYOUTS:
+                y = run(x, osz, False, None, None, layout, "local-task")
+                same_bits(y, torch_out(x, osz, False, None, None, layout), f"C={C}/{dtype}/{osz}/{layout}")
+
+
+def test_local_sync():
+    """The inline executor (local-sync) runs the same CPU module: the same bits."""
+    if torch is None:
+        pytest.skip("needs PyTorch")
+    rng = np.random.default_rng(3)
+    for layout in LAYOUTS:
+        for dtype in (F32, F64):
+            x = rng.standard_normal((2, 19, 30, 40)).astype(dtype)
+            for osz in ((77, 91), (20, 50)):
+                y = run(x, osz, False, None, None, layout, "local-sync")
+                same_bits(y, torch_out(x, osz, False, None, None, layout), f"local-sync/{layout}/{dtype}/{osz}")
