@@ -163,3 +163,27 @@ def test_local_sync():
             for osz in ((77, 91), (20, 50)):
                 y = run(x, osz, False, None, None, layout, "local-sync")
                 same_bits(y, torch_out(x, osz, False, None, None, layout), f"local-sync/{layout}/{dtype}/{osz}")
+
+
+# NCHW rows whose W taps follow a fixed pattern take contiguous loads and shuffles (fetch.mlir.j2):
+# W up 2x, 4x, 8x, down 2x, kept, W = 1, each ending at the row's end (a clamped i1); the rest gather.
+PATTERN_SIZES = [((5, 64), (7, 128)), ((3, 256), (5, 1024)), ((3, 400), (5, 200)), ((30, 64), (9, 256)),
+                 ((3, 1), (4, 2000)), ((6, 100), (6, 100)), ((6, 37), (6, 296)), ((6, 41), (6, 82)),
+                 ((6, 41), (6, 20)), ((2, 7), (3, 14))]
+
+
+@pytest.mark.parametrize("dtype", (F32, F64, F16), ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("ac", (False, True), ids=("ac0", "ac1"))
+def test_fetch_patterns(ac, dtype):
+    rng = np.random.default_rng(11)
+    for (hw, osz) in PATTERN_SIZES:
+        x = rng.standard_normal((1, 2) + hw).astype(dtype)
+        if dtype != F16:
+            x[0, 0, 0, -1] = np.inf
+            x[0, 1, -1, 0] = np.nan
+        what = f"ac{int(ac)}/{np.dtype(dtype).name}/{hw}->{osz}"
+        y = run(x, osz, ac, None, None, "NCHW", "local-task")
+        if dtype == F16:
+            check_reference(y, x, osz, ac, None, None, F16, what)
+        elif torch is not None:
+            same_bits(y, torch_out(x, osz, ac, None, None, "NCHW"), what)
