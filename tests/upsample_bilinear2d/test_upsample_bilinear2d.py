@@ -187,3 +187,16 @@ def test_fetch_patterns(ac, dtype):
             check_reference(y, x, osz, ac, None, None, F16, what)
         elif torch is not None:
             same_bits(y, torch_out(x, osz, ac, None, None, "NCHW"), what)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_large_output(layout):
+    """Outputs of 4 MiB and more go out in non-temporal stores where aligned (cpu_rows.nt_setup):
+    the same bits, aligned or not (C = 16 and 13, W_out a multiple of 16 and not)."""
+    if torch is None:
+        pytest.skip("needs PyTorch")
+    rng = np.random.default_rng(9)
+    for C, hw, osz in ((16, (128, 128), (256, 256)), (13, (100, 90), (333, 301))):
+        x = rng.standard_normal((1, C) + hw).astype(np.float32)
+        y = run(x, osz, False, None, None, layout, "local-task")
+        same_bits(y, torch_out(x, osz, False, None, None, layout), f"{layout}/C={C}/{osz}")
