@@ -17,7 +17,8 @@ import numpy as np
 from .targets import cpu_isa
 
 __all__ = [
-    "DTypeInfo", "DTYPES", "KernelSpec", "GridSamplerSpec", "UpsampleSpec", "Spec",
+    "DTypeInfo", "DTYPES", "KernelSpec", "GridSamplerSpec", "UpsampleSpec", "GridSampler2dSpec",
+    "UpsampleBilinear2dSpec", "Spec",
     "INTERPOLATION_MODES", "PADDING_MODES", "LAYOUTS", "all_specs", "dtype_info",
 ]
 
@@ -245,7 +246,38 @@ class UpsampleSpec(KernelSpec):
         return params
 
 
-Spec = Union[GridSamplerSpec, UpsampleSpec]
+@dataclasses.dataclass(frozen=True)
+class GridSampler2dSpec(GridSamplerSpec):
+    """One specialisation of grid_sampler_2d (the forward, aclnnGridSampler2D): the module
+    exports one function, `<kernel>` (input, grid -> output), and takes the grid sampler's
+    template parameters (the coordinate macros are shared)."""
+
+    op = "grid_sampler_2d"
+    template = "grid_sampler_2d/module.mlir.j2"
+
+    def function_name(self) -> str:
+        return self.kernel_name
+
+    def function_names(self, target=None) -> tuple:
+        return (self.kernel_name,)
+
+
+@dataclasses.dataclass(frozen=True)
+class UpsampleBilinear2dSpec(UpsampleSpec):
+    """One specialisation of upsample_bilinear2d (the forward, aclnnUpsampleBilinear2d): the
+    module exports one function, `<kernel>` (input, scales -> output)."""
+
+    op = "upsample_bilinear2d"
+    template = "upsample_bilinear2d/module.mlir.j2"
+
+    def function_name(self) -> str:
+        return self.kernel_name
+
+    def function_names(self, target=None) -> tuple:
+        return (self.kernel_name,)
+
+
+Spec = Union[GridSamplerSpec, UpsampleSpec, GridSampler2dSpec, UpsampleBilinear2dSpec]
 
 
 def all_specs(ops=None, dtypes=None) -> Iterator[Spec]:

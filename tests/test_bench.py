@@ -12,7 +12,10 @@ torch = pytest.importorskip("torch")
 SMALL = [bench.Case("grid_reflection_small", "grid_sampler_2d_backward", (2, 3, 9, 11, 7, 5), 0, 2, False),
          bench.Case("up_nhwc_small", "upsample_bilinear2d_backward", (2, 5, 6, 7, 13, 10), layout="NHWC"),
          # H = W = C: the NHWC result has PyTorch's NCHW shape, and must still be transposed.
-         bench.Case("up_nhwc_square", "upsample_bilinear2d_backward", (2, 4, 4, 4, 8, 8), layout="NHWC")]
+         bench.Case("up_nhwc_square", "upsample_bilinear2d_backward", (2, 4, 4, 4, 8, 8), layout="NHWC"),
+         bench.Case("fwd_grid_bicubic_small", "grid_sampler_2d", (2, 3, 9, 11, 7, 5), 2, 1, True),
+         bench.Case("fwd_up_nhwc_small", "upsample_bilinear2d", (2, 5, 6, 7, 13, 10), layout="NHWC")]
+FORWARD = SMALL[3:]
 
 
 @pytest.mark.parametrize("case", SMALL, ids=lambda c: c.name)
@@ -143,3 +146,14 @@ def test_gpu_transfer_rates_time_both_kinds_of_memory():
     r = bench.transfer_rates("vulkan", repeats=2)
     assert r["staged"] == Device("vulkan").staged
     assert min(r[k] for k in ("upload_gbps", "download_gbps", "other_upload_gbps", "other_download_gbps")) > 0
+
+
+@pytest.mark.parametrize("case", FORWARD, ids=lambda c: c.name)
+def test_forward_cases_beside_their_peers(case):
+    """The forward operators' rows: PyTorch's aten forward and torch.compile checked against ours
+    before timing (JAX where installed: it has no bicubic grid sample nor align_corners resize)."""
+    from aclnn_iree.tools import bench_peers
+    peers = tuple(p for p, why in bench_peers.available_peers().items() if why is None)
+    row, ours = bench.run_case(case, "local-task", repeats=1, torch=torch, peers=peers)
+    assert row["torch_max_rel_diff"] < bench.PEER_DIFF_WARN and row["torch_compile_max_rel_diff"] < bench.PEER_DIFF_WARN
+    assert row["op"] == case.op and len(ours) == 1

@@ -43,9 +43,9 @@ def test_each_operator_is_complete():
         assert all(s.template.startswith(op.name + "/") for s in specs)
         bench = op.load("bench")
         assert bench.CASES and all(c.op == op.name for c in bench.CASES) and bench.QUICK <= {c.name for c in bench.CASES}
-        for fn in ("inputs", "compulsory_bytes", "pythonic", "phase2", "torch_backward", "torch_compile",
-                   "jax_backward", "torch_step"):
+        for fn in ("inputs", "compulsory_bytes", "pythonic", "phase2", "torch_op", "torch_compile", "jax_op"):
             assert callable(getattr(bench, fn)), (op.name, fn)
+        assert bench.torch_step is None or callable(bench.torch_step)
     with pytest.raises(KeyError, match="known: "):
         get("no_such_op")
 

@@ -385,6 +385,23 @@ def test_importing_aclnn_iree_needs_no_torch():
     assert p.returncode == 0 and p.stdout.strip() == "OK", p.stderr
 
 
+def test_a_process_using_the_torch_layer_exits_quietly():
+    """No report of leaked IREE objects at exit (nanobind printed ~160 lines after every process
+    that ran the torch layer: runtime.kernels releases the modules and devices at exit)."""
+    code = """
+        import torch, aclnn_iree.torch as AT
+        x = torch.randn(1, 2, 5, 5, requires_grad=True)
+        grid = torch.rand(1, 3, 3, 2) * 2 - 1
+        AT.grid_sample(AT.interpolate(x, scale_factor=2.0), grid).sum().backward()
+        with AT.enabled():
+            torch.nn.functional.interpolate(x, size=(7, 7), mode="bilinear").sum().backward()
+        print("OK")
+    """
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "OK", p.stderr
+    assert "leaked" not in p.stderr, p.stderr[:2000]
+
+
 # ----------------------------------------------------------------------------- enabled()
 def _unmodified_backward(x, grid, z):
     xa, ga, za = x.clone().requires_grad_(True), grid.clone().requires_grad_(True), z.clone().requires_grad_(True)
@@ -433,6 +450,33 @@ def test_enabled_makes_unmodified_models_use_our_kernels_and_restores_pytorch():
     finally:
         AT.disable()
     assert [_bits(t) for t in _unmodified_backward(x, grid, z)] == pytorch_bits
+
+
+def test_enabled_runs_our_forward_kernels_and_restores_pytorchs(monkeypatch):
+    """Under enabled(), F.grid_sample's and F.interpolate's forwards (aten::grid_sampler_2d, and
+    aten::upsample_bilinear2d.vec, which decomposes into aten::upsample_bilinear2d) run our
+    kernels (counted) and give their bits; outside, PyTorch's own run again."""
+    from aclnn_iree.torch import grid_sampler as tgs, upsample as tup
+    ran = []
+    for module, fn in ((tgs, "grid_sampler_forward"), (tup, "upsample_forward")):
+        real = getattr(module, fn)
+        monkeypatch.setattr(module, fn, lambda *a, real=real, fn=fn: ran.append(fn) or real(*a))
+    g = torch.Generator().manual_seed(11)
+    x, grid = torch.randn(2, 3, 9, 7, generator=g), torch.rand(2, 5, 4, 2, generator=g) * 2.4 - 1.2
+    cases = {"grid_sample": (lambda: F.grid_sample(x, grid, mode="bicubic", padding_mode="reflection",
+                                                   align_corners=False),
+                             lambda: aclnn_iree.grid_sampler_2d(x.numpy(), grid.numpy(), 2, 2, False)),
+             "interpolate": (lambda: F.interpolate(x, scale_factor=1.7, mode="bilinear", align_corners=True),
+                             lambda: aclnn_iree.upsample_bilinear2d(x.numpy(), (15, 11), True, 1.7, 1.7))}
+    for name, (pytorch_call, ours) in cases.items():
+        before = _bits(pytorch_call())
+        assert not ran
+        with AT.enabled():
+            inside = _bits(pytorch_call())
+        assert len(ran) == 1, (name, ran)
+        assert inside == np.ascontiguousarray(ours()).tobytes(), name
+        assert _bits(pytorch_call()) == before and len(ran) == 1, name
+        ran.clear()
 
 
 def test_enabled_blocks_in_two_threads_count_as_one():
@@ -488,7 +532,7 @@ class _Model(torch.nn.Module):
         return AT.grid_sample(y, grid + self.offset, padding_mode="border").square().mean()
 
 
-def test_torch_compile_fullgraph_has_no_graph_breaks_and_our_backward_ops():
+def test_torch_compile_fullgraph_has_no_graph_breaks_and_our_ops_in_both_graphs():
     from torch._dynamo.backends.common import aot_autograd
     from functorch.compile import make_boxed_func
     torch._dynamo.reset()
@@ -503,7 +547,9 @@ def test_torch_compile_fullgraph_has_no_graph_breaks_and_our_backward_ops():
 
     mc = torch.compile(m, backend=aot_autograd(fw_compiler=record, bw_compiler=record), fullgraph=True)
     mc(x, grid).backward()
+    forward_targets = {str(n.target) for n in graphs[0].graph.nodes}
     backward_targets = {str(n.target) for n in graphs[-1].graph.nodes}
+    assert {"aclnn_iree.grid_sampler_2d.default", "aclnn_iree.upsample_bilinear2d.default"} <= forward_targets
     assert {"aclnn_iree.grid_sampler_2d_backward.default",
             "aclnn_iree.upsample_bilinear2d_backward.default"} <= backward_targets
 

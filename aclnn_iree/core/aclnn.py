@@ -35,7 +35,7 @@ from . import errors as E
 from ..compiler.compile import CompileError, CompilerMissing
 from ..compiler.targets import CpuArchError, target_for_driver
 from .errors import AclnnError, brief
-from ..ops import grid_sampler, upsample
+from ..ops import grid_sampler, grid_sampler_forward, upsample, upsample_forward
 from ..runtime.device import DeviceUnavailable
 from ..runtime.kernels import ModuleLoadError, load_module
 from ..runtime.store import ArtifactMissing, UnsupportedCpu
@@ -50,6 +50,8 @@ __all__ = [
     "aclrtDestroyStream", "aclrtMalloc", "aclrtFree", "aclOpExecutor", "aclSetAclOpExecutorRepeatable",
     "aclDestroyAclOpExecutor", "aclnnGridSampler2DBackwardGetWorkspaceSize", "aclnnGridSampler2DBackward",
     "aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize", "aclnnUpsampleBilinear2dBackwardV2",
+    "aclnnGridSampler2DGetWorkspaceSize", "aclnnGridSampler2D", "aclnnUpsampleBilinear2dGetWorkspaceSize",
+    "aclnnUpsampleBilinear2d",
     "aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer",
     "ACL_OPT_DETERMINISTIC", "aclrtContext", "aclrtCreateContext", "aclrtSetCurrentContext",
     "aclrtGetCurrentContext", "aclrtDestroyContext", "aclrtCtxSetSysParamOpt", "aclrtCtxGetSysParamOpt",
@@ -796,3 +798,54 @@ def aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(gradOut, outputSize, input
 def aclnnUpsampleBilinear2dBackwardV2(workspace, workspaceSize, executor, stream) -> int:
     """Phase 2 of aclnnUpsampleBilinear2dBackwardV2 (same contract as aclnnGridSampler2DBackward)."""
     return _run(upsample.ACLNN_NAME, workspace, workspaceSize, executor, stream)
+
+
+# ----------------------------------------------------------------------------- forward operators
+@_phase1
+def aclnnGridSampler2DGetWorkspaceSize(input, grid, interpolationMode, paddingMode, alignCorners, out):
+    """Phase 1 of aclnnGridSampler2D (grid_sample's forward): check, pick the kernel, report the
+    workspace.
+
+    input: (N, C, H_in, W_in); grid: (N, H_out, W_out, 2), last dim (x, y) normalised to
+    [-1, 1]; out: (N, C, H_out, W_out).  All one dtype: float16, bfloat16, float32 or float64
+    (half types compute in float32).  interpolationMode 0 bilinear / 1 nearest / 2 bicubic;
+    paddingMode 0 zeros / 1 border / 2 reflection; alignCorners a bool.  Semantics: PyTorch
+    2.13 grid_sampler_2d.  Returns (status, workspaceSize in bytes, executor): 161001 for a
+    None argument, 161002 for an invalid one (in aclnn's order), 561xxx when no kernel can be
+    loaded.
+    """
+    grid_sampler_forward.check(input, grid, interpolationMode, paddingMode, alignCorners, out)
+    dev = input.device
+    _check_usable(dev)
+    return _executor(grid_sampler_forward.ACLNN_NAME, dev, grid_sampler_forward.bind(
+        input, grid, interpolationMode, paddingMode, alignCorners, out), (input, grid), (out,))
+
+
+@_status_call()
+def aclnnGridSampler2D(workspace, workspaceSize, executor, stream) -> int:
+    """Phase 2 of aclnnGridSampler2D (same contract as aclnnGridSampler2DBackward)."""
+    return _run(grid_sampler_forward.ACLNN_NAME, workspace, workspaceSize, executor, stream)
+
+
+@_phase1
+def aclnnUpsampleBilinear2dGetWorkspaceSize(self, outputSize, alignCorners, scalesH, scalesW, out):
+    """Phase 1 of aclnnUpsampleBilinear2d (bilinear interpolate's forward).
+
+    self: 4-D, format NCHW (N, C, H_in, W_in) or NHWC (N, H_in, W_in, C); outputSize:
+    aclIntArray (H_out, W_out); alignCorners: bool; scalesH, scalesW: the scale factors, <= 0
+    meaning not given (a given scale must satisfy H_out == floor(H_in * scalesH)); out: (N, C,
+    H_out, W_out) in self's format and dtype.  Dtypes float16, bfloat16, float32, float64.
+    Semantics: PyTorch 2.13 upsample_bilinear2d.  Returns (status, workspaceSize in bytes,
+    executor).
+    """
+    layout, scales = upsample_forward.check(self, outputSize, alignCorners, scalesH, scalesW, out)
+    dev = self.device
+    _check_usable(dev)
+    return _executor(upsample_forward.ACLNN_NAME, dev, upsample_forward.bind(self, alignCorners, out, layout, scales),
+                     (self,), (out,))
+
+
+@_status_call()
+def aclnnUpsampleBilinear2d(workspace, workspaceSize, executor, stream) -> int:
+    """Phase 2 of aclnnUpsampleBilinear2d (same contract as aclnnGridSampler2DBackward)."""
+    return _run(upsample_forward.ACLNN_NAME, workspace, workspaceSize, executor, stream)

@@ -21,11 +21,11 @@ from ..runtime.device import on_fork_in_child
 from .errors import ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_PARAM_NULLPTR, ACLNN_SUCCESS, AclnnError
 from .tensors import (HOST_ALIGNMENT, Storage, aclTensor, empty_aligned, host_storage, no_storage, read_back, storage_of,
                       view_over)
-from ..ops import grid_sampler, upsample
+from ..ops import grid_sampler, grid_sampler_forward, upsample, upsample_forward
 from ..ops.grid_sampler import INTERPOLATION_NAMES, PADDING_NAMES
 
-__all__ = ["grid_sampler_2d_backward", "upsample_bilinear2d_backward", "thread_stream", "run_grid_sampler",
-           "run_upsample"]
+__all__ = ["grid_sampler_2d_backward", "upsample_bilinear2d_backward", "grid_sampler_2d", "upsample_bilinear2d",
+           "thread_stream", "run_grid_sampler", "run_upsample", "run_grid_sampler_forward", "run_upsample_forward"]
 
 _tls = threading.local()
 
@@ -64,7 +64,7 @@ _PYTORCH_NAMES = {
     "gradOutput": "grad_output", "gradOut": "grad_output", "inputGrad": "grad_input", "gridGrad": "grad_grid",
     "interpolationMode": "interpolation_mode", "paddingMode": "padding_mode", "alignCorners": "align_corners",
     "outputMask": "output_mask", "outputSize": "output_size", "inputSize": "input_size",
-    "scalesH": "scales_h", "scalesW": "scales_w",
+    "scalesH": "scales_h", "scalesW": "scales_w", "self": "input",
 }
 _NAME_RE = re.compile(r"\b(" + "|".join(_PYTORCH_NAMES) + r")\b")
 
@@ -329,6 +329,34 @@ def run_upsample(stream, storages, output_size, input_size, align_corners, scale
     return _run(stream, key, storages, phase1, A.aclnnUpsampleBilinear2dBackwardV2, read)
 
 
+def run_grid_sampler_forward(stream, storages, interpolation_mode, padding_mode, align_corners, read=_result):
+    """aclnnGridSampler2D on `storages` (input, grid, output), waiting for the result; returns
+    [read(output Storage, device)].  Raises AclnnError."""
+    key = _signature(grid_sampler_forward.OPERATOR.name, stream.device, *((s.shape, s.dtype, s.fmt) for s in storages),
+                     *_typed((interpolation_mode, padding_mode, align_corners)))
+
+    def phase1(t):
+        return A.aclnnGridSampler2DGetWorkspaceSize(t[0], t[1], interpolation_mode, padding_mode, align_corners, t[2])
+    return _run(stream, key, storages, phase1, A.aclnnGridSampler2D, read)
+
+
+def run_upsample_forward(stream, storages, output_size, align_corners, scales_h, scales_w, read=_result):
+    """aclnnUpsampleBilinear2d on `storages` (input, output; scales None: not given), waiting for
+    the result; returns [read(output Storage, device)].  Raises AclnnError."""
+    try:
+        size = (_typed(output_size),)
+    except TypeError:  # not a sequence: phase 1 says what is wrong
+        size = ([],)
+    key = _signature(upsample_forward.OPERATOR.name, stream.device, *((s.shape, s.dtype, s.fmt) for s in storages),
+                     *size, *_typed((align_corners, scales_h, scales_w)))
+
+    def phase1(t):
+        return A.aclnnUpsampleBilinear2dGetWorkspaceSize(
+            t[0], _int_array("output_size", output_size), align_corners, -1.0 if scales_h is None else scales_h,
+            -1.0 if scales_w is None else scales_w, t[1])
+    return _run(stream, key, storages, phase1, A.aclnnUpsampleBilinear2d, read)
+
+
 def _int_values(name, values) -> tuple:
     """The values of _int_array(name, values), remembered per typed value tuple (making an
     aclIntArray costs ~10 us; sizes repeat from call to call)."""
@@ -444,3 +472,60 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
     storages = [_host_storage(dev, "grad_output", go, memory_format),
                 _output_storage(dev, "grad_input", out_shape, go.dtype, memory_format)]
     return run_upsample(stream, storages, output_size, input_size, align_corners, scales_h, scales_w)[0]
+
+
+def grid_sampler_2d(input, grid, interpolation_mode=0, padding_mode=0, align_corners=False, *,
+                    device: str = "local-task"):
+    """grid_sample's forward (torch.ops.aten.grid_sampler_2d; aclnnGridSampler2D): input sampled
+    at the grid's points.
+
+    input: (N, C, H_in, W_in); grid: (N, H_out, W_out, 2), last dim (x, y) in [-1, 1] (values
+    outside are padded); NumPy arrays of one dtype: float16, ml_dtypes.bfloat16, float32 or
+    float64 (half types compute in float32).  interpolation_mode: 0/"bilinear", 1/"nearest",
+    2/"bicubic"; padding_mode: 0/"zeros", 1/"border", 2/"reflection"; align_corners as in
+    PyTorch.  Returns the output, (N, C, H_out, W_out).  Raises AclnnError (a ValueError) with
+    .status 161001 for a None argument, 161002 for an invalid one.  Runs on the IREE device
+    `device` ("local-task", "local-sync", "vulkan", "cuda").  Semantics: PyTorch 2.13 CPU
+    (README "Semantics").
+    """
+    x, g = _as_array("input", input), _as_array("grid", grid)
+    interpolation_mode = _mode("interpolation_mode", interpolation_mode, INTERPOLATION_NAMES)
+    padding_mode = _mode("padding_mode", padding_mode, PADDING_NAMES)
+    N, C = x.shape[:2] if x.ndim == 4 else (0, 0)
+    out_shape = (N, C, *g.shape[1:3]) if g.ndim == 4 else (N, C, 0, 0)
+    stream = thread_stream(grid_sampler_forward.OPERATOR.call_device(device, math.prod(out_shape)))
+    dev = stream.device
+    storages = [_host_storage(dev, "input", x), _host_storage(dev, "grid", g),
+                _output_storage(dev, "output", out_shape, x.dtype)]
+    return run_grid_sampler_forward(stream, storages, interpolation_mode, padding_mode, align_corners)[0]
+
+
+def upsample_bilinear2d(input, output_size, align_corners=False, scales_h=None, scales_w=None, *,
+                        memory_format: str = "NCHW", device: str = "local-task"):
+    """Bilinear 2-D up- or down-sampling (torch.ops.aten.upsample_bilinear2d; aclnnUpsampleBilinear2d).
+
+    input: NCHW (N, C, H_in, W_in), or with memory_format="NHWC" (N, H_in, W_in, C);
+    output_size: (H_out, W_out); align_corners as in PyTorch; scales_h/scales_w: the scale
+    factors or None (a given scale must satisfy H_out == floor(H_in * scales_h)).  dtypes
+    float16, ml_dtypes.bfloat16, float32, float64.  Returns the output, (N, C, H_out, W_out)
+    or (N, H_out, W_out, C) for NHWC.  Raises AclnnError (.status 161001 / 161002).
+    Semantics: PyTorch 2.13 CPU (README "Semantics").
+    """
+    x = _as_array("input", input)
+    if output_size is None:
+        raise AclnnError(ACLNN_ERR_PARAM_NULLPTR, "output_size is None")
+    if isinstance(output_size, collections.abc.Iterator):  # read once: later checks read the sizes again
+        output_size = tuple(output_size)
+    if memory_format not in ("NCHW", "NHWC"):
+        raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"memory_format must be 'NCHW' or 'NHWC', got {memory_format!r}")
+    osz = _int_values("output_size", output_size)
+    if len(osz) == 2 and x.ndim == 4 and min(osz) >= 0:
+        N, C = (x.shape[0], x.shape[3]) if memory_format == "NHWC" else x.shape[:2]
+        out_shape = (N, *osz, C) if memory_format == "NHWC" else (N, C, *osz)
+    else:  # phase 1 says what is wrong
+        out_shape = (0, 0, 0, 0)
+    stream = thread_stream(upsample_forward.OPERATOR.call_device(device, x.size + math.prod(out_shape)))
+    dev = stream.device
+    storages = [_host_storage(dev, "input", x, memory_format),
+                _output_storage(dev, "output", out_shape, x.dtype, memory_format)]
+    return run_upsample_forward(stream, storages, output_size, align_corners, scales_h, scales_w)[0]

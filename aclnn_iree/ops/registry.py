@@ -1,13 +1,15 @@
 """Every operator, one line each (ops/__init__.py says what an Operator holds)."""
 from __future__ import annotations
 
-from . import grid_sampler, upsample
+from . import grid_sampler, grid_sampler_forward, upsample, upsample_forward
 
 __all__ = ["OPERATORS", "get"]
 
 OPERATORS = (
     grid_sampler.OPERATOR,
     upsample.OPERATOR,
+    grid_sampler_forward.OPERATOR,
+    upsample_forward.OPERATOR,
 )
 _BY_NAME = {op.name: op for op in OPERATORS}
 

@@ -19,7 +19,7 @@ from ..core.validation import (bool_attr, dtype_name, fail, no_alias, rank, same
                           tensor_arg)
 from . import Binding, Operator, reference
 
-__all__ = ["ACLNN_NAME", "check", "bind", "upsample_scale", "call_kind", "OPERATOR"]
+__all__ = ["ACLNN_NAME", "check", "bind", "upsample_scale", "op_math", "scales_tensor", "call_kind", "OPERATOR"]
 
 ACLNN_NAME = "aclnnUpsampleBilinear2dBackwardV2"
 
@@ -98,12 +98,12 @@ def check(gradOut, outputSize, inputSize, alignCorners, scalesH, scalesW, out) -
         if s > 0 and (not math.isfinite(i * s) or o != math.floor(i * s)):
             got = math.floor(i * s) if math.isfinite(i * s) else i * s
             fail(INVALID, f"{name}={s} is inconsistent with the sizes: output {o} != floor({i} * {s}) = {got}")
-    dtype = _op_math(gradOut.dtype)
+    dtype = op_math(gradOut.dtype)
     return ("NHWC" if nhwc else "NCHW"), (upsample_scale(H, Ho, bool(alignCorners), sh, dtype),
                                           upsample_scale(W, Wo, bool(alignCorners), sw, dtype))
 
 
-def _op_math(dtype):
+def op_math(dtype):
     """The type the scales are computed and passed in: float64 for float64, else float32."""
     return np.float64 if dtype == np.float64 else np.float32
 
@@ -115,12 +115,12 @@ def bind(gradOut, alignCorners, out, layout: str, scales) -> Binding:
     if gradOut.size == 0 or out.size == 0:
         return Binding(zero_fill=(out,))
     spec = UpsampleSpec(bool(alignCorners), dtype_name(gradOut.dtype), layout)
-    scales = _scales_tensor(gradOut.device, tuple(scales), _op_math(gradOut.dtype))
+    scales = scales_tensor(gradOut.device, tuple(scales), op_math(gradOut.dtype))
     return Binding(spec, spec.function_name(same_size=gradOut.shape == out.shape), (gradOut, scales, out))
 
 
 @functools.lru_cache(maxsize=256)
-def _scales_tensor(device, scales: tuple, dtype):
+def scales_tensor(device, scales: tuple, dtype):
     """The (rh, rw) scales as a device tensor, shared by the calls with the same scales: the
     kernels only read it (a ReadOnly binding), and nothing destroys it, so a call in flight
     keeps it as it keeps any tensor it reads (aclOpExecutor.resources).  Making one costs

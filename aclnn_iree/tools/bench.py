@@ -31,7 +31,7 @@ from ..core import aclnn as A
 from ..core.api import grid_sampler_2d_backward
 from ..ops.registry import OPERATORS
 from ..runtime.device import Device, get_device
-from .cases import Case
+from .cases import Case, synchronised
 
 __all__ = ["CASES", "QUICK", "BENCHES", "Case", "alternating_medians", "compulsory_bytes", "copy_bandwidth", "run_bench"]
 
@@ -43,10 +43,11 @@ __all__ = ["CASES", "QUICK", "BENCHES", "Case", "alternating_medians", "compulso
 #   pythonic(case, arrays, device)   a function making the Pythonic call;
 #   phase2(case, arrays, stream)  phase 1 on device tensors: (status, workspace bytes, executor,
 #                                 phase-2 function, output tensors);
-#   torch_backward(case, tensors, torch)  a function calling PyTorch's aten backward;
-#   torch_compile(case, tensors, torch)   (leaves, compiled forward, grad_output);
-#   jax_backward(case, arrays)    a function computing the gradients with JAX, or None;
-#   torch_step(case, torch, functional)   (forward, leaves, grad_output) of a training step.
+#   torch_op(case, tensors, torch)  a function calling PyTorch's aten op on the same tensors;
+#   torch_compile(case, tensors, torch)  a function calling inductor's compiled form of the same;
+#   jax_op(case, arrays)          a function computing the same with JAX, or None (no JAX form);
+#   torch_step(case, torch, functional)  (forward, leaves, grad_output) of a training step, or
+#                                 None for an operator whose training step another's covers.
 BENCHES = {op.name: op.load("bench") for op in OPERATORS}
 CASES = [c for b in BENCHES.values() for c in b.CASES]
 QUICK = set().union(*(b.QUICK for b in BENCHES.values()))
@@ -152,20 +153,12 @@ def _phase2(case: Case, arrays, device):
 
 
 def _torch_fn(case: Case, arrays, torch, cuda: bool = False):
-    """PyTorch's own backward on the same data: on CPU tensors, or on CUDA tensors (`cuda`),
-    then synchronised, so the time is the kernel's as ours is."""
+    """PyTorch's own op on the same data: on CPU tensors, or on CUDA tensors (`cuda`), then
+    synchronised, so the time is the kernel's as ours is."""
     tensors = [torch.from_numpy(a) for a in arrays]
     if cuda:
         tensors = [t.cuda() for t in tensors]
-    backward = BENCHES[case.op].torch_backward(case, tensors, torch)
-    if not cuda:
-        return backward
-
-    def synchronised():
-        r = backward()
-        torch.cuda.synchronize()
-        return r
-    return synchronised
+    return synchronised(torch, BENCHES[case.op].torch_op(case, tensors, torch), cuda)
 
 
 def _max_rel_diff(ours, theirs, layout: str) -> float:

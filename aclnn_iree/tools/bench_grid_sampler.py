@@ -7,7 +7,7 @@ import numpy as np
 from ..core import aclnn as A
 from ..core.api import grid_sampler_2d_backward
 from ..ops.grid_sampler import INTERPOLATION_NAMES, OPERATOR, PADDING_NAMES
-from .cases import Case
+from .cases import Case, compiled_backward
 
 CASES = [
     Case("gs_bilinear_zeros_8x64x64", OPERATOR.name, (8, 64, 64, 64, 64, 64), large=True),
@@ -51,36 +51,37 @@ def phase2(case: Case, arrays, stream) -> tuple:
     return st, ws, ex, A.aclnnGridSampler2DBackward, outs
 
 
-def torch_backward(case: Case, tensors, torch):
+def torch_op(case: Case, tensors, torch):
     """PyTorch's own backward (aten) on `tensors` (grad_output, input, grid)."""
     go, x, g = tensors
     return lambda: torch.ops.aten.grid_sampler_2d_backward(go, x, g, case.mode, case.padding, case.align_corners,
                                                            [True, True])
 
 
-def _forward_kwargs(case: Case) -> dict:
+def forward_kwargs(case: Case) -> dict:
+    """F.grid_sample's keyword arguments for the case."""
     return dict(mode=INTERPOLATION_NAMES[case.mode], padding_mode=PADDING_NAMES[case.padding],
                 align_corners=case.align_corners)
 
 
 def torch_compile(case: Case, tensors, torch):
-    """(the leaves, the compiled forward, grad_output) for timing inductor's compiled backward."""
+    """A function timing inductor's compiled backward of grid_sample (cases.compiled_backward)."""
     import torch.nn.functional as F
     go, x, g = tensors
-    kw = _forward_kwargs(case)
-    return ((x.clone().requires_grad_(), g.clone().requires_grad_()),
-            torch.compile(lambda x, g: F.grid_sample(x, g, **kw), dynamic=False), go)
+    kw = forward_kwargs(case)
+    return compiled_backward(torch, (x.clone().requires_grad_(), g.clone().requires_grad_()),
+                             torch.compile(lambda x, g: F.grid_sample(x, g, **kw), dynamic=False), go)
 
 
-def jax_backward(case: Case, arrays):
-    """JAX's `vjp` of a `map_coordinates` grid_sample (its time includes the forward), or None
-    for bicubic, which map_coordinates lacks."""
+def jax_forward(case: Case):
+    """grid_sample in JAX (`(x, g) -> output`): `jax.scipy.ndimage.map_coordinates` with the
+    coordinates reflected and clipped as PyTorch does, or None for bicubic, which
+    map_coordinates lacks (orders 0 and 1 only)."""
     import jax
     import jax.numpy as jnp
     N, C, H, W, Ho, Wo = case.shape
     if case.mode == 2:
-        return None  # map_coordinates has orders 0 and 1 only
-    go, x, g = (jnp.asarray(a) for a in arrays)
+        return None
     order = 0 if case.mode == 1 else 1
     # map_coordinates pads its taps; PyTorch reflects the coordinate and then clips it
     # (reflect_coordinates, GridSampler.h): done here in jnp, then every tap is in range.
@@ -103,8 +104,17 @@ def jax_backward(case: Case, arrays):
         return jax.vmap(lambda plane: jax.scipy.ndimage.map_coordinates(plane, coords, order, mode=mode,
                                                                          cval=0.0))(img)
 
-    def forward(x, g):
-        return jax.vmap(sample_image)(x, g)
+    return jax.vmap(sample_image)
+
+
+def jax_op(case: Case, arrays):
+    """JAX's `vjp` of jax_forward (its time includes the forward), or None for bicubic."""
+    import jax
+    import jax.numpy as jnp
+    forward = jax_forward(case)
+    if forward is None:
+        return None
+    go, x, g = (jnp.asarray(a) for a in arrays)
 
     @jax.jit
     def backward(go, x, g):
@@ -120,5 +130,5 @@ def torch_step(case: Case, torch, functional) -> tuple:
     x = torch.randn(N, C, H, W, generator=g).requires_grad_(True)
     grid = (torch.rand(N, Ho, Wo, 2, generator=g) * 2.2 - 1.1).requires_grad_(True)
     go = torch.randn(N, C, Ho, Wo, generator=g)
-    kw = _forward_kwargs(case)
+    kw = forward_kwargs(case)
     return (lambda a, b: functional.grid_sample(a, b, **kw)), (x, grid), go

@@ -18,6 +18,7 @@ caller checks each peer's numbers against ours before timing it.
 from __future__ import annotations
 
 from .bench import BENCHES
+from .cases import synchronised
 
 __all__ = ["PEERS", "available_peers", "peer_function"]
 
@@ -60,18 +61,9 @@ def _torch_compile(case, arrays, cuda: bool = False):
     import torch._functorch.config
     torch._functorch.config.donated_buffer = False
     dev = "cuda" if cuda else "cpu"
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    tensors = [torch.from_numpy(a).to(dev) for a in arrays]
-    inputs, forward, go = BENCHES[case.op].torch_compile(case, tensors, torch)
-
-    def backward():
-        grads = torch.autograd.grad(out, inputs, go, retain_graph=True)
-        sync()
-        return grads
-    out = forward(*inputs)  # compiles forward and backward; outside the timer
-    backward()  # the first call runs the compiled backward's setup
-    return backward
+    return synchronised(torch, BENCHES[case.op].torch_compile(case, [torch.from_numpy(a).to(dev) for a in arrays],
+                                                              torch), cuda)
 
 
 def _jax(case, arrays):
-    return BENCHES[case.op].jax_backward(case, arrays)
+    return BENCHES[case.op].jax_op(case, arrays)

@@ -89,7 +89,8 @@ def run_torch_bench(quick=False, threads=2, repeats=10, out=print) -> dict:
         raise ImportError(f"bench --op torch needs PyTorch: {install_command('torch')}") from None
     import aclnn_iree.torch as AT
     torch.set_num_threads(threads)
-    cases = [c for c in CASES if not quick or c.name in QUICK]
+    # every operator's training step once: a forward operator's runs in its backward's
+    cases = [c for c in CASES if (not quick or c.name in QUICK) and BENCHES[c.op].torch_step is not None]
     out(f"training steps (forward + backward), {threads} threads, float32; medians of {repeats}; compile "
         "times outside the timer")
     out(f"{'case':40s} {'eager ms':>9s} {'compiled':>9s} {'ours':>8s} {'ours+cmp':>9s} "

@@ -7,7 +7,7 @@ import numpy as np
 from ..core import aclnn as A
 from ..core.api import upsample_bilinear2d_backward
 from ..ops.upsample import OPERATOR
-from .cases import Case
+from .cases import Case, compiled_backward
 
 CASES = [
     Case("up_x2_8x64_64from128", OPERATOR.name, (8, 64, 64, 64, 128, 128), large=True),
@@ -27,7 +27,8 @@ CASES = [
 QUICK = {"up_x2_8x64_64from128", "up_down_2x16_300x400from150x200", "up_x2_nhwc_8x64_64from128"}
 
 
-def _input_size(case: Case) -> tuple:
+def input_size(case: Case) -> tuple:
+    """The input's shape in the case's layout."""
     N, C, H, W, Ho, Wo = case.shape
     return (N, H, W, C) if case.layout == "NHWC" else (N, C, H, W)
 
@@ -47,7 +48,7 @@ def compulsory_bytes(case: Case) -> int:
 
 def pythonic(case: Case, arrays, device):
     Ho, Wo = case.shape[4:]
-    return lambda: upsample_bilinear2d_backward(arrays[0], (Ho, Wo), _input_size(case), case.align_corners,
+    return lambda: upsample_bilinear2d_backward(arrays[0], (Ho, Wo), input_size(case), case.align_corners,
                                                 memory_format=case.layout, device=device)
 
 
@@ -55,7 +56,7 @@ def phase2(case: Case, arrays, stream) -> tuple:
     """Phase 1 on device-resident tensors: (status, workspace bytes, executor, phase-2 function,
     output tensors)."""
     Ho, Wo = case.shape[4:]
-    size = _input_size(case)
+    size = input_size(case)
     go = A.aclCreateTensor(arrays[0], case.layout, stream=stream)
     outs = [A.aclCreateTensor(shape=size, dtype=np.float32, format=case.layout, stream=stream)]
     st, ws, ex = A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
@@ -63,47 +64,57 @@ def phase2(case: Case, arrays, stream) -> tuple:
     return st, ws, ex, A.aclnnUpsampleBilinear2dBackwardV2, outs
 
 
-def _torch_grad_output(case: Case, go, torch):
-    """grad_output as PyTorch takes it: NHWC cases as channels_last (what a speed-minded user runs)."""
+def torch_layout(case: Case, go, torch):
+    """A tensor in the case's layout as PyTorch takes it: NHWC cases as a channels_last view of
+    the (N, H, W, C) array (what a speed-minded user runs)."""
     if case.layout == "NHWC":
         go = go.permute(0, 3, 1, 2)
         assert go.is_contiguous(memory_format=torch.channels_last)
     return go
 
 
-def torch_backward(case: Case, tensors, torch):
+def torch_op(case: Case, tensors, torch):
     """PyTorch's own backward (aten) on `tensors` (grad_output,)."""
     N, C, H, W, Ho, Wo = case.shape
-    go = _torch_grad_output(case, tensors[0], torch)
+    go = torch_layout(case, tensors[0], torch)
     return lambda: torch.ops.aten.upsample_bilinear2d_backward(go, [Ho, Wo], [N, C, H, W], case.align_corners,
                                                                None, None)
 
 
 def torch_compile(case: Case, tensors, torch):
-    """(the leaves, the compiled forward, grad_output) for timing inductor's compiled backward."""
+    """A function timing inductor's compiled backward of interpolate (cases.compiled_backward)."""
     import torch.nn.functional as F
     N, C, H, W, Ho, Wo = case.shape
-    go = _torch_grad_output(case, tensors[0], torch)
+    go = torch_layout(case, tensors[0], torch)
     fmt = torch.channels_last if case.layout == "NHWC" else torch.contiguous_format
     x = torch.zeros(N, C, H, W, device=go.device).contiguous(memory_format=fmt).requires_grad_()
-    return ((x,), torch.compile(lambda x: F.interpolate(x, size=(Ho, Wo), mode="bilinear",
-                                                        align_corners=case.align_corners), dynamic=False), go)
+    return compiled_backward(torch, (x,), torch.compile(lambda x: F.interpolate(
+        x, size=(Ho, Wo), mode="bilinear", align_corners=case.align_corners), dynamic=False), go)
 
 
-def jax_backward(case: Case, arrays):
-    """JAX's exact backward, `jax.linear_transpose` of `jax.image.resize` (upsampling is linear
-    in its input), or None for align_corners, which jax.image.resize lacks."""
+def jax_resize(case: Case):
+    """(the input shape, the resize function) of `jax.image.resize(..., "linear",
+    antialias=False)` in the case's layout, or None for align_corners, which it lacks
+    (half-pixel centres only)."""
     import jax
-    import jax.numpy as jnp
     N, C, H, W, Ho, Wo = case.shape
     if case.align_corners:
-        return None  # jax.image.resize has half-pixel centres only
+        return None
     nhwc = case.layout == "NHWC"
-    in_shape = (N, H, W, C) if nhwc else (N, C, H, W)
     out_shape = (N, Ho, Wo, C) if nhwc else (N, C, Ho, Wo)
+    return ((N, H, W, C) if nhwc else (N, C, H, W)), (lambda x: jax.image.resize(x, out_shape, "linear",
+                                                                                  antialias=False))
 
-    def forward(x):
-        return jax.image.resize(x, out_shape, "linear", antialias=False)
+
+def jax_op(case: Case, arrays):
+    """JAX's exact backward, `jax.linear_transpose` of jax_resize (upsampling is linear in its
+    input), or None for align_corners."""
+    import jax
+    import jax.numpy as jnp
+    resize = jax_resize(case)
+    if resize is None:
+        return None
+    in_shape, forward = resize
     transpose = jax.jit(jax.linear_transpose(forward, jax.ShapeDtypeStruct(in_shape, jnp.float32)))
     go = jnp.asarray(arrays[0])
     return lambda: tuple(t.block_until_ready() for t in transpose(go))

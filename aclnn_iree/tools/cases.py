@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Case"]
+__all__ = ["Case", "compiled_backward", "synchronised"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,3 +21,29 @@ class Case:
     align_corners: bool = False
     layout: str = "NCHW"
     large: bool = False
+
+
+def compiled_backward(torch, leaves, forward, grad_output):
+    """A function timing inductor's compiled backward: `forward` (a torch.compile'd function of
+    `leaves`) runs once here, compiling forward and backward outside the timer, and each call
+    of the result is `torch.autograd.grad` through that graph (its first call, the compiled
+    backward's setup, runs here too)."""
+    out = forward(*leaves)
+
+    def backward():
+        return torch.autograd.grad(out, leaves, grad_output, retain_graph=True)
+    backward()
+    return backward
+
+
+def synchronised(torch, fn, cuda: bool):
+    """`fn`, followed by torch.cuda.synchronize() where it runs on CUDA tensors (`cuda`), so that
+    its time is its kernels' as ours is."""
+    if not cuda:
+        return fn
+
+    def call():
+        r = fn()
+        torch.cuda.synchronize()
+        return r
+    return call

@@ -1,9 +1,10 @@
-"""The grid sampler in PyTorch (its Operator's `torch` module): the custom ops
-``torch.ops.aclnn_iree.grid_sampler_2d_backward`` (aten's schema; a 0-element tensor for an
-output whose output_mask entry is False) and ``grid_sampler_2d`` (PyTorch's forward, our
-backward), their fake implementations and autograd formulas (the backward op's too, for a
-double backward), the drop-in ``grid_sample``, and the kernel `enable()` puts over
-aten::grid_sampler_2d_backward on CPU (ATEN_OVERRIDES).  Devices: aclnn_iree.torch._bridge."""
+"""The grid sampler in PyTorch (the `torch` module of both its Operators, forward and backward):
+the custom ops ``torch.ops.aclnn_iree.grid_sampler_2d`` (our forward, differentiated by our
+backward) and ``grid_sampler_2d_backward`` (aten's schema; a 0-element tensor for an output
+whose output_mask entry is False), their fake implementations and autograd formulas (the
+backward op's too, for a double backward), the drop-in ``grid_sample``, and the kernels
+`enable()` puts over aten::grid_sampler_2d and aten::grid_sampler_2d_backward on CPU
+(ATEN_OVERRIDES).  Devices: aclnn_iree.torch._bridge."""
 from __future__ import annotations
 
 from typing import Sequence
@@ -15,6 +16,7 @@ from torch import Tensor
 from ..core import api
 from ..core.tensors import no_storage
 from ..ops.grid_sampler import INTERPOLATION_NAMES, OPERATOR, PADDING_NAMES
+from ..ops.grid_sampler_forward import OPERATOR as FORWARD
 from . import _bridge as B
 from . import _library as L
 from . import override as O
@@ -40,6 +42,19 @@ def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, pa
                  else no_storage(like.shape, B.numpy_dtype(like.dtype)) for t, like in ((outs[0], x), (outs[1], g))]
     return tuple(api.run_grid_sampler(run.stream, storages, int(interpolation_mode), int(padding_mode),
                                       bool(align_corners), mask, read=B.reader(t for t in outs if t is not None)))
+
+
+def grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, align_corners):
+    """grid_sample's forward on IREE device `name`: a torch tensor over the memory the kernel
+    wrote.  Inputs are made contiguous (the kernels read NCHW).  Raises AclnnError."""
+    x, g = input.contiguous(), grid.contiguous()
+    shape = (x.shape[0], x.shape[1], g.shape[1], g.shape[2]) if x.dim() == 4 and g.dim() == 4 else (0, 0, 0, 0)
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)  # an invalid call: phase 1 says why
+    run = B.Launch(FORWARD.call_device(name, out.numel()), (x, g))
+    storages = [run.storage(x), run.storage(g), run.storage(out, output=True)]
+    api.run_grid_sampler_forward(run.stream, storages, int(interpolation_mode), int(padding_mode),
+                                 bool(align_corners), read=B.reader([out]))
+    return out
 
 
 # ----------------------------------------------------------------------------- backward op
@@ -106,11 +121,24 @@ torch.library.register_autograd("aclnn_iree::grid_sampler_2d_backward", _grid_bw
       "bool align_corners) -> Tensor")
 def grid_sampler_2d(input: Tensor, grid: Tensor, interpolation_mode: int, padding_mode: int,
                     align_corners: bool) -> Tensor:
-    """PyTorch's aten::grid_sampler_2d, differentiated by our grid_sampler_2d_backward."""
-    return torch.ops.aten.grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners)
+    """grid_sample's forward (aten::grid_sampler_2d's schema) on our aclnnGridSampler2D kernel,
+    differentiated by our grid_sampler_2d_backward.
+
+    input (N, C, H_in, W_in), grid (N, H_out, W_out, 2): one dtype of float16, bfloat16,
+    float32, float64, on one device.  Returns (N, C, H_out, W_out), contiguous.  Where IREE
+    has no device for the tensors, PyTorch's kernel.  Raises aclnn_iree.AclnnError (a
+    ValueError) for invalid arguments (aclnn's checks).
+    """
+    L.check_dtype("grid_sampler_2d", input, grid)
+    name = B.iree_device_for(input, grid)
+    if name is None:
+        return torch.ops.aten.grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners)
+    return grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, align_corners)
 
 
-torch.library.register_fake("aclnn_iree::grid_sampler_2d", grid_sampler_2d)
+@torch.library.register_fake("aclnn_iree::grid_sampler_2d")
+def _(input, grid, interpolation_mode, padding_mode, align_corners):
+    return input.new_empty((input.shape[0], input.shape[1], grid.shape[1], grid.shape[2]))
 
 
 def _grid_setup(ctx, inputs, output):
@@ -130,13 +158,15 @@ torch.library.register_autograd("aclnn_iree::grid_sampler_2d", _grid_backward, s
 
 
 # ----------------------------------------------------------------------------- grid_sample
-_GridSampler2d = L.autograd_function("_GridSampler2d", torch.ops.aten.grid_sampler_2d, _grid_setup, _grid_backward)
+_GridSampler2d = L.autograd_function("_GridSampler2d", torch.ops.aclnn_iree.grid_sampler_2d, _grid_setup,
+                                     _grid_backward)
 _MODES = {name: code for code, name in INTERPOLATION_NAMES.items()}
 _PADDINGS = {name: code for code, name in PADDING_NAMES.items()}
 
 
 def grid_sample(input, grid, mode: str = "bilinear", padding_mode: str = "zeros", align_corners=False):
-    """torch.nn.functional.grid_sample whose backward runs our aclnnGridSampler2DBackward kernel.
+    """torch.nn.functional.grid_sample on our kernels: aclnnGridSampler2D forward, aclnnGridSampler2DBackward
+    backward.
 
     input (N, C, H_in, W_in), grid (N, H_out, W_out, 2) with (x, y) in [-1, 1]; mode
     "bilinear" | "nearest" | "bicubic"; padding_mode "zeros" | "border" | "reflection";
@@ -160,16 +190,27 @@ def grid_sample(input, grid, mode: str = "bilinear", padding_mode: str = "zeros"
 
 
 # ----------------------------------------------------------------------------- enable()
+def _supported(*tensors) -> bool:
+    """Whether our kernels take these tensors: one supported dtype, while enable() is in effect."""
+    return O.is_enabled() and all(t.dtype in B.SUPPORTED_DTYPES and t.dtype == tensors[0].dtype for t in tensors)
+
+
 def _grid_kernel(keyset, grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    tensors = (grad_output, input, grid)
-    name = B.iree_device_for(*tensors) if O.is_enabled() and all(t.dtype in B.SUPPORTED_DTYPES and t.dtype == input.dtype
-                                                         for t in tensors) else None
+    name = B.iree_device_for(grad_output, input, grid) if _supported(input, grad_output, grid) else None
     if name is None:
-        return O.original(f"aten::{OPERATOR.name}").call_boxed(keyset, grad_output, input, grid, interpolation_mode, padding_mode,
-                                            align_corners, output_mask)
+        return O.original(f"aten::{OPERATOR.name}").call_boxed(keyset, grad_output, input, grid, interpolation_mode,
+                                                              padding_mode, align_corners, output_mask)
     # A masked-out gradient is returned undefined (None), as aten returns grad_input.
-    return grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, padding_mode,
-                                   align_corners, output_mask)
+    return grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, padding_mode, align_corners,
+                                 output_mask)
 
 
-ATEN_OVERRIDES = {f"aten::{OPERATOR.name}": _grid_kernel}
+def _grid_forward_kernel(keyset, input, grid, interpolation_mode, padding_mode, align_corners):
+    name = B.iree_device_for(input, grid) if _supported(input, grid) else None
+    if name is None:
+        return O.original(f"aten::{FORWARD.name}").call_boxed(keyset, input, grid, interpolation_mode, padding_mode,
+                                                             align_corners)
+    return grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+ATEN_OVERRIDES = {f"aten::{OPERATOR.name}": _grid_kernel, f"aten::{FORWARD.name}": _grid_forward_kernel}

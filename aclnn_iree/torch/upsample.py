@@ -15,6 +15,7 @@ from torch import Tensor
 
 from ..core import api
 from ..ops.upsample import OPERATOR, call_kind
+from ..ops.upsample_forward import OPERATOR as FORWARD
 from . import _bridge as B
 from . import _library as L
 from . import override as O
@@ -43,6 +44,27 @@ def upsample_backward(name, grad_output, output_size, input_size, align_corners,
     # layout: NHWC goes into the channels_last tensor through its (N, H, W, C) view.
     api.run_upsample(run.stream, storages, [int(v) for v in output_size], isz, bool(align_corners), scales_h,
                      scales_w, read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]))
+    return out
+
+
+def upsample_forward(name, input, output_size, align_corners, scales_h, scales_w):
+    """upsample_bilinear2d on IREE device `name`, in input's memory format: a channels_last
+    input takes the NHWC kernel and gives a channels_last output, any other the NCHW one (a
+    strided input is copied once).  Raises AclnnError."""
+    nhwc = B.is_channels_last(input)
+    fmt = torch.channels_last if nhwc else torch.contiguous_format
+    x = input.contiguous(memory_format=fmt)
+    osz = [int(v) for v in output_size]
+    valid = x.dim() == 4 and len(osz) == 2 and min(osz) >= 0
+    shape = (x.shape[0], x.shape[1], *osz) if valid else (0, 0, 0, 0)  # an invalid call: phase 1 says why
+    out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+    run = B.Launch(FORWARD.call_device(name, x.numel() + out.numel()), (x,))
+    if nhwc:  # the kernels take NHWC as (N, H, W, C) arrays, C fastest
+        storages = [run.storage(x.permute(0, 2, 3, 1), "NHWC"), run.storage(out.permute(0, 2, 3, 1), "NHWC", True)]
+    else:
+        storages = [run.storage(x, "NCHW"), run.storage(out, "NCHW", True)]
+    api.run_upsample_forward(run.stream, storages, osz, bool(align_corners), scales_h, scales_w,
+                             read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]))
     return out
 
 
@@ -98,11 +120,26 @@ torch.library.register_autograd("aclnn_iree::upsample_bilinear2d_backward", _up_
       "float? scales_w=None) -> Tensor")
 def upsample_bilinear2d(input: Tensor, output_size: Sequence[int], align_corners: bool,
                         scales_h: Optional[float] = None, scales_w: Optional[float] = None) -> Tensor:
-    """PyTorch's aten::upsample_bilinear2d, differentiated by our upsample_bilinear2d_backward."""
-    return torch.ops.aten.upsample_bilinear2d(input, output_size, align_corners, scales_h, scales_w)
+    """Bilinear 2-D resampling (aten::upsample_bilinear2d's schema) on our aclnnUpsampleBilinear2d
+    kernel, differentiated by our upsample_bilinear2d_backward.
+
+    input (N, C, H_in, W_in) of float16, bfloat16, float32 or float64, contiguous or
+    channels_last (the output keeps its memory format: channels_last takes the NHWC kernel);
+    output_size (H_out, W_out); scales: the scale factors or None (a given scale must satisfy
+    H_out == floor(H_in * scale)).  Where IREE has no device for the tensor, PyTorch's kernel.
+    Raises aclnn_iree.AclnnError for invalid arguments.
+    """
+    L.check_dtype("upsample_bilinear2d", input)
+    name = B.iree_device_for(input)
+    if name is None:
+        return torch.ops.aten.upsample_bilinear2d(input, output_size, align_corners, scales_h, scales_w)
+    return upsample_forward(name, input, output_size, align_corners, scales_h, scales_w)
 
 
-torch.library.register_fake("aclnn_iree::upsample_bilinear2d", upsample_bilinear2d)
+@torch.library.register_fake("aclnn_iree::upsample_bilinear2d")
+def _(input, output_size, align_corners, scales_h=None, scales_w=None):
+    shape = (input.shape[0], input.shape[1], *output_size)
+    return input.new_empty(shape).contiguous(memory_format=_upsample_format(input))
 
 
 def _up_setup(ctx, inputs, output):
@@ -121,8 +158,8 @@ torch.library.register_autograd("aclnn_iree::upsample_bilinear2d", _up_backward,
 
 
 # ----------------------------------------------------------------------------- interpolate
-_UpsampleBilinear2d = L.autograd_function("_UpsampleBilinear2d", torch.ops.aten.upsample_bilinear2d, _up_setup,
-                                          _up_backward)
+_UpsampleBilinear2d = L.autograd_function("_UpsampleBilinear2d", torch.ops.aclnn_iree.upsample_bilinear2d,
+                                          _up_setup, _up_backward)
 
 
 def _scale(s) -> float:
@@ -147,8 +184,8 @@ def _same_rank(input, values, what: str, got: str, form: str):
 
 def interpolate(input, size=None, scale_factor=None, mode: str = "bilinear", align_corners=None,
                 recompute_scale_factor=None, antialias: bool = False):
-    """torch.nn.functional.interpolate(mode="bilinear") whose backward is our
-    aclnnUpsampleBilinear2dBackwardV2 kernel.
+    """torch.nn.functional.interpolate(mode="bilinear") on our kernels: aclnnUpsampleBilinear2d
+    forward, aclnnUpsampleBilinear2dBackwardV2 backward.
 
     input (N, C, H, W), contiguous or channels_last (the gradient keeps its layout and
     takes the NHWC kernel); exactly one of size ((H_out, W_out) or an int) and
@@ -217,9 +254,23 @@ def _upsample_kernel(keyset, grad_output, output_size, input_size, align_corners
             and _consistent(scales_w, input_size[3], output_size[1])):
         name = B.iree_device_for(grad_output)
     if name is None:
-        return O.original(f"aten::{OPERATOR.name}").call_boxed(keyset, grad_output, output_size, input_size, align_corners,
-                                                scales_h, scales_w)
+        return O.original(f"aten::{OPERATOR.name}").call_boxed(keyset, grad_output, output_size, input_size,
+                                                              align_corners, scales_h, scales_w)
     return upsample_backward(name, grad_output, output_size, input_size, align_corners, scales_h, scales_w)
 
 
-ATEN_OVERRIDES = {f"aten::{OPERATOR.name}": _upsample_kernel}
+def _upsample_forward_kernel(keyset, input, output_size, align_corners, scales_h=None, scales_w=None):
+    name = None
+    if (O.is_enabled() and input.dtype in B.SUPPORTED_DTYPES and input.dim() == 4 and len(output_size) == 2
+            and _consistent(scales_h, input.shape[2], output_size[0])
+            and _consistent(scales_w, input.shape[3], output_size[1])):
+        name = B.iree_device_for(input)
+    if name is None:
+        return O.original(f"aten::{FORWARD.name}").call_boxed(keyset, input, output_size, align_corners, scales_h,
+                                                             scales_w)
+    return upsample_forward(name, input, output_size, align_corners, scales_h, scales_w)
+
+
+# aten::upsample_bilinear2d.vec (F.interpolate's) is CompositeImplicitAutograd: it decomposes
+# into aten::upsample_bilinear2d, whose kernel this is.
+ATEN_OVERRIDES = {f"aten::{OPERATOR.name}": _upsample_kernel, f"aten::{FORWARD.name}": _upsample_forward_kernel}

@@ -1,0 +1,77 @@
+"""aclnnGridSampler2D: grid_sample's forward, input sampled at the grid's points.
+
+Semantics: PyTorch 2.13 grid_sampler_2d (aten/src/ATen/native/GridSampler.cpp, the CPU
+kernel), the same coordinate rules as the backward (shared/SPEC.md part B 2.3).  The checks
+follow the backward's order (SPEC part B 2.2) for the arguments the two share: pointers, then
+devices, dtypes, modes, ranks, shapes, aliasing.
+"""
+from __future__ import annotations
+
+from ..compiler.specs import GridSampler2dSpec
+from ..core.errors import ACLNN_ERR_PARAM_INVALID as INVALID
+from ..core.validation import (bool_attr, dtype_name, fail, int_attr, no_alias, rank, same_device, same_dtype,
+                               supported_dtype, tensor_arg)
+from . import Binding, Operator, reference
+from .grid_sampler import INTERPOLATION_NAMES, PADDING_NAMES
+
+__all__ = ["ACLNN_NAME", "check", "bind", "OPERATOR"]
+
+ACLNN_NAME = "aclnnGridSampler2D"
+
+
+def check(input, grid, interpolationMode, paddingMode, alignCorners, out) -> None:
+    """Checks aclnnGridSampler2D's arguments in aclnn's order.  Raises AclnnError: 161001 for a
+    None or destroyed tensor, 161002 for an invalid argument."""
+    tensors = [("input", input), ("grid", grid), ("out", out)]
+    for name, t in tensors:
+        tensor_arg(name, t)
+    same_device(tensors)
+    same_dtype("input", input, [("grid", grid), ("out", out)])
+    supported_dtype("input", input)
+    int_attr("interpolationMode", interpolationMode, INTERPOLATION_NAMES)
+    int_attr("paddingMode", paddingMode, PADDING_NAMES)
+    bool_attr("alignCorners", alignCorners)
+    for name, t in tensors:
+        rank(name, t, 4)
+    # ND tensors read as (N, C, H, W) and (N, H_out, W_out, 2): an NHWC tensor would be
+    # misread, so it is refused rather than reinterpreted (as the backward does).
+    for name, t in tensors:
+        if t.format == "NHWC":
+            fail(INVALID, f"{name} has format NHWC; aclnnGridSampler2D reads its tensors as ND ((N, C, H, W) "
+                          "and (N, H_out, W_out, 2)): pass them as ND or NCHW")
+    N, C, H, W = input.shape
+    if grid.shape[0] != N:
+        fail(INVALID, f"grid has N={grid.shape[0]} but input has N={N}")
+    if grid.shape[3] != 2:
+        fail(INVALID, f"grid's last dimension must be 2 (x, y), got shape {grid.shape}")
+    if H == 0 or W == 0:
+        fail(INVALID, f"input's H and W must be non-zero, got shape {input.shape}")
+    expected = (N, C, grid.shape[1], grid.shape[2])
+    if out.shape != expected:
+        fail(INVALID, f"out has shape {out.shape}; expected {expected} = (input N, input C, grid H_out, grid W_out)")
+    no_alias((("out", out),), (("input", input), ("grid", grid)))
+
+
+def bind(input, grid, interpolationMode, paddingMode, alignCorners, out) -> Binding:
+    """The call for checked arguments (check()): the function takes input, grid, then out."""
+    if out.size == 0:  # N, C, H_out or W_out is 0 (input's H and W are not): nothing to compute
+        return Binding()
+    spec = GridSampler2dSpec(INTERPOLATION_NAMES[interpolationMode], PADDING_NAMES[paddingMode], bool(alignCorners),
+                             dtype_name(input.dtype))
+    return Binding(spec, spec.function_name(), (input, grid, out))
+
+
+OPERATOR = Operator(
+    name=GridSampler2dSpec.op,
+    aclnn_name=ACLNN_NAME,
+    spec=GridSampler2dSpec,
+    vocabulary={"interpolationMode": INTERPOLATION_NAMES, "paddingMode": PADDING_NAMES},
+    check=check,
+    bind=bind,
+    reference=reference.grid_sampler_2d,
+    # a gather of as many elements as the output, cheaper per element than the backward:
+    # inline up to the backward's bound until measured on its own
+    inline_work={"": 65536},
+    torch="aclnn_iree.torch.grid_sampler",
+    bench="aclnn_iree.tools.bench_grid_sampler_forward",
+)

@@ -1,0 +1,99 @@
+"""aclnnUpsampleBilinear2d: bilinear 2-D up- (or down-)sampling, the forward.
+
+Semantics: PyTorch 2.13 upsample_bilinear2d (aten/src/ATen/native/UpSample.h, the CPU kernel
+in cpu/UpSampleKernel.cpp), with the same scale rules and consistency check as the backward
+(aclnnUpsampleBilinear2dBackwardV2: shared/SPEC.md part A 5, part B 3).  The checks follow
+the backward's order for the arguments the two share.
+"""
+from __future__ import annotations
+
+import math
+
+from ..compiler.specs import UpsampleBilinear2dSpec
+from ..core.errors import ACLNN_ERR_PARAM_INVALID as INVALID
+from ..core.errors import ACLNN_ERR_PARAM_NULLPTR as NULLPTR
+from ..core.errors import brief
+from ..core.tensors import aclIntArray
+from ..core.validation import (bool_attr, dtype_name, fail, no_alias, rank, same_device, scale_arg, supported_dtype,
+                               tensor_arg)
+from . import Binding, Operator, reference
+from .upsample import op_math, scales_tensor, upsample_scale
+
+__all__ = ["ACLNN_NAME", "check", "bind", "OPERATOR"]
+
+ACLNN_NAME = "aclnnUpsampleBilinear2d"
+
+
+def check(self, outputSize, alignCorners, scalesH, scalesW, out) -> tuple:
+    """Checks aclnnUpsampleBilinear2d's arguments in aclnn's order; returns (layout, (rh, rw)):
+    "NCHW" or "NHWC" and the per-axis source scales in the op-math type.  Raises AclnnError:
+    161001 for a None or destroyed argument, 161002 for an invalid one."""
+    tensor_arg("self", self)
+    if outputSize is None:
+        fail(NULLPTR, "outputSize is None")
+    tensor_arg("out", out)
+    if not isinstance(outputSize, aclIntArray):
+        fail(INVALID, f"outputSize must be an aclIntArray, got {brief(outputSize)}")
+    if outputSize.destroyed:
+        fail(NULLPTR, "outputSize was destroyed")
+    same_device([("self", self), ("out", out)])
+    rank("self", self, 4)
+    if outputSize.size != 2:
+        fail(INVALID, f"outputSize must have 2 entries, got {outputSize.size}")
+    for name, t in (("self", self), ("out", out)):
+        if t.format not in ("NCHW", "NHWC"):
+            fail(INVALID, f"{name} has format {t.format}; expected NCHW or NHWC")
+    if out.format != self.format:
+        fail(INVALID, f"out has format {out.format} but self has {self.format}")
+    nhwc = self.format == "NHWC"
+    N, H, W, C = self.shape if nhwc else (self.shape[0], self.shape[2], self.shape[3], self.shape[1])
+    Ho, Wo = outputSize.values
+    if H <= 0 or W <= 0:
+        fail(INVALID, f"self's H and W must be > 0, got shape {self.shape} ({self.format})")
+    if Ho <= 0 or Wo <= 0:
+        fail(INVALID, f"outputSize must be > 0, got {outputSize.values}")
+    if out.dtype != self.dtype:
+        fail(INVALID, f"out has dtype {out.dtype.name} but self has dtype {self.dtype.name}; "
+                      "all tensors of one call share one dtype")
+    supported_dtype("self", self)
+    expected = (N, Ho, Wo, C) if nhwc else (N, C, Ho, Wo)
+    if out.shape != expected:
+        fail(INVALID, f"out has shape {out.shape}; expected {expected} from self's shape {self.shape} and "
+                      f"outputSize {outputSize.values} ({out.format})")
+    bool_attr("alignCorners", alignCorners)
+    no_alias((("out", out),), (("self", self),))
+    sh = scale_arg("scalesH", scalesH)
+    sw = scale_arg("scalesW", scalesW)
+    # A given scale must agree with the sizes (SPEC part A 5), never be silently ignored.
+    for name, s, i, o in (("scalesH", sh, H, Ho), ("scalesW", sw, W, Wo)):
+        if s > 0 and (not math.isfinite(i * s) or o != math.floor(i * s)):
+            got = math.floor(i * s) if math.isfinite(i * s) else i * s
+            fail(INVALID, f"{name}={s} is inconsistent with the sizes: output {o} != floor({i} * {s}) = {got}")
+    dtype = op_math(self.dtype)
+    return ("NHWC" if nhwc else "NCHW"), (upsample_scale(H, Ho, bool(alignCorners), sh, dtype),
+                                          upsample_scale(W, Wo, bool(alignCorners), sw, dtype))
+
+
+def bind(self, alignCorners, out, layout: str, scales) -> Binding:
+    """The call for checked arguments (check() gives `layout` and `scales`): the function takes
+    self, the scales as a device tensor in the op-math type, then out."""
+    if out.size == 0:  # N or C is 0: nothing to compute
+        return Binding()
+    spec = UpsampleBilinear2dSpec(bool(alignCorners), dtype_name(self.dtype), layout)
+    scales = scales_tensor(self.device, tuple(scales), op_math(self.dtype))
+    return Binding(spec, spec.function_name(), (self, scales, out))
+
+
+OPERATOR = Operator(
+    name=UpsampleBilinear2dSpec.op,
+    aclnn_name=ACLNN_NAME,
+    spec=UpsampleBilinear2dSpec,
+    vocabulary={},
+    check=check,
+    bind=bind,
+    reference=reference.upsample_bilinear2d,
+    # the backward's crossover until measured on its own (README "Host overhead")
+    inline_work={"": 262144},
+    torch="aclnn_iree.torch.upsample",
+    bench="aclnn_iree.tools.bench_upsample_forward",
+)
