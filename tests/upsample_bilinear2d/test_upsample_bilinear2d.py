@@ -200,3 +200,35 @@ def test_large_output(layout):
         x = rng.standard_normal((1, C) + hw).astype(np.float32)
         y = run(x, osz, False, None, None, layout, "local-task")
         same_bits(y, torch_out(x, osz, False, None, None, layout), f"{layout}/C={C}/{osz}")
+
+
+def test_random_shapes_bitwise():
+    """60 random calls (sizes, ratios from the fixed fetch patterns to arbitrary ones, both
+    layouts and align_corners, given scales, some non-finite inputs): PyTorch's bits on the CPU."""
+    if torch is None:
+        pytest.skip("needs PyTorch")
+    rng = np.random.default_rng(2026)
+    for _ in range(60):
+        N, C, H, W = int(rng.integers(1, 3)), int(rng.integers(1, 40)), int(rng.integers(1, 70)), int(rng.integers(1, 70))
+        kind = int(rng.integers(0, 4))
+        if kind == 0:
+            osz = (int(rng.integers(1, 140)), int(rng.integers(1, 140)))
+        elif kind == 1:
+            osz = (H * int(rng.choice([1, 2])), W * int(rng.choice([2, 4, 8])))
+        elif kind == 2:
+            osz = (max(1, H // 2), max(1, W // 2))
+        else:
+            osz = (H, W)
+        ac = bool(rng.integers(0, 2))
+        layout = LAYOUTS[int(rng.integers(0, 2))]
+        dtype = (F32, F64)[int(rng.integers(0, 2))]
+        sh = sw = None
+        if not ac and rng.integers(0, 4) == 0:
+            sh, sw = osz[0] / H + rng.uniform(0, 0.9 / H), osz[1] / W + rng.uniform(0, 0.9 / W)
+            if int(np.floor(H * sh)) != osz[0] or int(np.floor(W * sw)) != osz[1]:
+                sh = sw = None
+        x = rng.standard_normal((N, C, H, W)).astype(dtype)
+        if rng.integers(0, 5) == 0:
+            x.flat[rng.integers(0, x.size, 3)] = [np.inf, -np.inf, np.nan]
+        y = run(x, osz, ac, sh, sw, layout, "local-task")
+        same_bits(y, torch_out(x, osz, ac, sh, sw, layout), f"{(N, C, H, W)}->{osz}/ac{int(ac)}/{layout}/{dtype}/{sh},{sw}")
