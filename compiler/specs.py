@@ -14,7 +14,7 @@ from typing import Iterator, Union
 import ml_dtypes
 import numpy as np
 
-from .targets import cpu_isa
+from .targets import cpu_gathers, cpu_isa
 
 __all__ = [
     "DTypeInfo", "DTYPES", "KernelSpec", "GridSamplerSpec", "UpsampleSpec", "GridSampler2dSpec",
@@ -257,6 +257,14 @@ class GridSampler2dSpec(GridSamplerSpec):
 
     def function_name(self) -> str:
         return self.kernel_name
+
+    def template_params(self, target=None) -> dict:
+        """The backward's parameters, and on CPUs `cpu_gather`: whether the CPU's own gather
+        instructions may load the taps (targets.cpu_gathers)."""
+        params = super().template_params(target)
+        if not params["gpu"]:
+            params["cpu_gather"] = cpu_gathers(target)
+        return params
 
     def function_names(self, target=None) -> tuple:
         return (self.kernel_name,)

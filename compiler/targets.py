@@ -6,7 +6,8 @@ import os
 import platform
 import re
 
-__all__ = ["Target", "TARGETS", "target_for_driver", "get_target", "build_args", "CPU_ARCH_ENV", "CpuArchError", "cpu_isa"]
+__all__ = ["Target", "TARGETS", "target_for_driver", "get_target", "build_args", "CPU_ARCH_ENV", "CpuArchError", "cpu_isa",
+           "cpu_gathers"]
 
 # f64 kernels must stay f64: IREE demotes f64 to f32 by default (shared/IREE-NOTES.md).
 _COMMON = ("--iree-input-demote-f64-to-f32=false",)
@@ -113,6 +114,28 @@ def cpu_isa() -> str | None:
     if machine in ("aarch64", "arm64"):
         return "aarch64"
     return None
+
+
+# LLVM CPU names (and levels) whose x86 CPUs all have AVX2, hence its gather instructions.
+_AVX2_CPUS = frozenset({"x86-64-v3", "x86-64-v4", "haswell", "broadwell", "skylake", "skylake-avx512", "cascadelake",
+                        "cooperlake", "cannonlake", "icelake-client", "icelake-server", "tigerlake", "rocketlake",
+                        "alderlake", "raptorlake", "meteorlake", "sapphirerapids", "emeraldrapids", "graniterapids",
+                        "znver1", "znver2", "znver3", "znver4", "znver5"})
+
+
+def cpu_gathers(target=None) -> bool:
+    """Whether llvm-cpu code for `target` (default: this machine's CPU) may use x86's AVX2
+    gather instructions (templates/grid_sampler_2d: iree-compile fails on them for a CPU
+    without AVX2): the host's CPU as iree-cpuinfo reports it, or a named CPU known to have
+    AVX2; False on other instruction sets and for CPUs not known to have it."""
+    if cpu_isa() != "x86":
+        return False
+    arch = "host" if target is None else target.arch
+    if arch == "host":
+        from .key import host_feature_table
+        table = host_feature_table()
+        return bool(table and table.get("avx2"))
+    return arch in _AVX2_CPUS
 
 
 def target_for_driver(driver: str) -> Target:

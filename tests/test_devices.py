@@ -23,7 +23,8 @@ from aclnn_iree.core import api
 from aclnn_iree.ops import reference as ref
 from aclnn_iree.compiler.build import ArtifactStore
 from aclnn_iree.compiler.reflect import ptx_images, ptxas_report
-from aclnn_iree.compiler.specs import DTYPES, GridSamplerSpec, UpsampleSpec, all_specs
+from aclnn_iree.compiler.specs import (DTYPES, GridSampler2dSpec, GridSamplerSpec, UpsampleBilinear2dSpec, UpsampleSpec,
+                                       all_specs)
 from aclnn_iree.compiler.targets import get_target
 from aclnn_iree.core.errors import AclnnError
 from aclnn_iree.runtime.store import cache_dir
@@ -342,12 +343,14 @@ def test_pythonic_deterministic_argument_leaves_the_context_alone(vulkan):
 # Every specialisation compiles for both GPU targets; CUDA is absent here and says so.
 # ----------------------------------------------------------------------------------------
 def cuda_sample():
-    """One CUDA module per (operator, mode, dtype) and per (dtype, layout), with the paddings
-    and align_corners rotating through them, so each mode meets every padding and both
-    align_corners: 20 of the 88 (the 88 take minutes: -m slow, and prepare_gpu_check.sh)."""
-    grid = [GridSamplerSpec(m, ("zeros", "border", "reflection")[(i + j) % 3], bool((i + j) % 2), dt)
+    """One CUDA module per (operator, mode, dtype) and per (operator, dtype, layout), with the
+    paddings and align_corners rotating through them, so each mode meets every padding and
+    both align_corners: 40 of the 176 (all take minutes: -m slow, and prepare_gpu_check.sh)."""
+    grid = [cls(m, ("zeros", "border", "reflection")[(i + j) % 3], bool((i + j) % 2), dt)
+            for cls in (GridSamplerSpec, GridSampler2dSpec)
             for i, m in enumerate(("bilinear", "nearest", "bicubic")) for j, dt in enumerate(DTYPES)]
-    up = [UpsampleSpec(bool(j % 2), dt, lay) for j, dt in enumerate(DTYPES) for lay in ("NCHW", "NHWC")]
+    up = [cls(bool(j % 2), dt, lay) for cls in (UpsampleSpec, UpsampleBilinear2dSpec)
+          for j, dt in enumerate(DTYPES) for lay in ("NCHW", "NHWC")]
     return grid + up
 
 
@@ -370,34 +373,38 @@ def _check_gpu_build(target, specs):
 
 def test_every_vulkan_artifact_compiles():
     specs = list(all_specs())
-    assert len(specs) == 88
+    assert len(specs) == 176  # 72 grid sampler and 16 upsample specialisations, forward and backward
     _check_gpu_build("vulkan-spirv", specs)
 
 
 def test_cuda_artifacts_compile_for_every_mode_padding_and_dtype():
     specs = cuda_sample()
-    assert len({s.kernel_name for s in specs}) == 20
-    grid = [s for s in specs if isinstance(s, GridSamplerSpec)]
-    for m in ("bilinear", "nearest", "bicubic"):
-        assert {s.dtype for s in grid if s.interpolation_mode == m} == set(DTYPES)
-        assert {s.padding_mode for s in grid if s.interpolation_mode == m} == {"zeros", "border", "reflection"}
-        assert {s.align_corners for s in grid if s.interpolation_mode == m} == {False, True}
+    assert len({s.kernel_name for s in specs}) == 40
+    for op in ("grid_sampler_2d_backward", "grid_sampler_2d"):
+        grid = [s for s in specs if s.op == op]
+        for m in ("bilinear", "nearest", "bicubic"):
+            assert {s.dtype for s in grid if s.interpolation_mode == m} == set(DTYPES)
+            assert {s.padding_mode for s in grid if s.interpolation_mode == m} == {"zeros", "border", "reflection"}
+            assert {s.align_corners for s in grid if s.interpolation_mode == m} == {False, True}
     _check_gpu_build("cuda", specs)
 
 
-# The register spills ptxas reports in all 88 CUDA modules, per arch: (kernel, function, the
+# The register spills ptxas reports in all 176 CUDA modules, per arch: (kernel, function, the
 # most bytes spilled), as measured.  Any other spill, or a larger one, fails the test below
 # (the build notes each spill, and records it in the manifest).
 KNOWN_SPILLS = {
     "sm_80": {("grid_sampler_2d_backward_bicubic_zeros_ac0_f64", "dgrid_points_gpu"): 8,
-              ("grid_sampler_2d_backward_bicubic_zeros_ac0_f64", "dx_atomic"): 16},
-    "sm_90": {},
+              ("grid_sampler_2d_backward_bicubic_zeros_ac0_f64", "dx_atomic"): 16,
+              # the forward's per-point f64 kernel (16 channels per invocation): a double each
+              ("grid_sampler_2d_bilinear_border_ac0_f64", "sample_gpu"): 8,
+              ("grid_sampler_2d_bilinear_zeros_ac0_f64", "sample_gpu"): 8},
+    "sm_90": {("grid_sampler_2d_bicubic_reflection_ac1_f64", "sample_gpu"): 4},
 }
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_cuda_ptx_assembles_with_ptxas(arch):
-    """NVIDIA's own assembler accepts the PTX of every CUDA module (all 88 specialisations;
+    """NVIDIA's own assembler accepts the PTX of every CUDA module (all 176 specialisations;
     .ci/run builds them into the suite's cache first, elsewhere they compile here, about 35 s
     on 2 cores), for the sm_80 it was made for and for sm_90 (an H100/H200 JITs the sm_80
     PTX, as ptxas does here); no kernel spills registers beyond KNOWN_SPILLS."""
@@ -406,7 +413,7 @@ def test_cuda_ptx_assembles_with_ptxas(arch):
     store = ArtifactStore(cache_dir())
     t = get_target("cuda")
     specs = list(all_specs())
-    assert len(specs) == 88
+    assert len(specs) == 176
     assert store.build(specs, [t], progress=False).failed == []
     spills = {}
     for s in specs:

@@ -148,7 +148,8 @@ def test_upsample_kernel_names_exact(args, name):
 
 def test_kernel_and_function_names_are_unique():
     specs = list(all_specs())
-    assert len(specs) == len(INTERPOLATION_MODES) * len(PADDING_MODES) * 2 * len(DTYPES) + 2 * len(DTYPES) * 2
+    # each grid sampler (forward, backward) and each upsample (forward, backward) direction
+    assert len(specs) == 2 * (len(INTERPOLATION_MODES) * len(PADDING_MODES) * 2 * len(DTYPES) + 2 * len(DTYPES) * 2)
     names = [s.kernel_name for s in specs]
     assert len(set(names)) == len(names)
     funcs = [f for s in specs for f in s.function_names()]

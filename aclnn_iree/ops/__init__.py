@@ -40,8 +40,8 @@ class Binding:
 class Operator:
     """One operator, as every layer sees it.
 
-    name: its name in kernel names, the manifest ("op"), `aclnn-iree list/build/bench --op`
-    and PyTorch's aten namespace (`aten::<name>`);
+    name (the spec's `op`): its name in kernel names, the manifest ("op"), `aclnn-iree
+    list/build/bench --op` and PyTorch's aten namespace (`aten::<name>`);
     aclnn_name: the aclnn API's name (the phase-1 function is `<aclnn_name>GetWorkspaceSize`);
     spec: its compiler/specs.py class (a frozen dataclass: `enumerate(dtypes)` yields its
     specialisations, which name their kernels, functions and template family);
@@ -58,10 +58,8 @@ class Operator:
     roofline: the module of its roofline model (`aclnn-iree bench --roofline`), or None.
     """
 
-    name: str
     aclnn_name: str
     spec: type
-    vocabulary: Mapping[str, Mapping[int, str]]
     check: Callable
     bind: Callable
     reference: Callable
@@ -69,6 +67,11 @@ class Operator:
     torch: str
     bench: str
     roofline: Optional[str] = None
+    vocabulary: Mapping[str, Mapping[int, str]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.spec.op
 
     def load(self, part: str):
         """The module named by the field `part` ("torch", "bench", "roofline"), imported."""

@@ -14,12 +14,13 @@ from ..core.validation import (bool_attr, dtype_name, fail, int_attr, no_alias, 
                           tensor_arg)
 from . import Binding, Operator, reference
 
-__all__ = ["ACLNN_NAME", "INTERPOLATION_NAMES", "PADDING_NAMES", "check", "bind", "OPERATOR"]
+__all__ = ["ACLNN_NAME", "INTERPOLATION_NAMES", "PADDING_NAMES", "VOCABULARY", "check", "bind", "OPERATOR"]
 
 ACLNN_NAME = "aclnnGridSampler2DBackward"
 # aclnn's (and PyTorch's) integer codes -> the names in kernel names and templates.
 INTERPOLATION_NAMES = dict(enumerate(INTERPOLATION_MODES))
 PADDING_NAMES = dict(enumerate(PADDING_MODES))
+VOCABULARY = {"interpolationMode": INTERPOLATION_NAMES, "paddingMode": PADDING_NAMES}
 
 
 def check(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, outputMask, inputGrad,
@@ -46,21 +47,7 @@ def check(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners,
     bool_attr("alignCorners", alignCorners)
     for name, t in (("input", input), ("grid", grid), ("gradOutput", gradOutput)):
         rank(name, t, 4)
-    # aclnn's grid sampler takes ND tensors, read as (N, C, H, W) and (N, H_out, W_out, 2);
-    # an NHWC tensor would be misread, so it is refused rather than reinterpreted.
-    for name, t in (("gradOutput", gradOutput), ("input", input), ("grid", grid), ("inputGrad", inputGrad),
-                    ("gridGrad", gridGrad)):
-        if t.format == "NHWC":
-            fail(INVALID, f"{name} has format NHWC; aclnnGridSampler2DBackward reads its tensors as ND "
-                           "((N, C, H, W) and (N, H_out, W_out, 2)): pass them as ND or NCHW")
-    N, C, H, W = input.shape
-    if grid.shape[0] != N:
-        fail(INVALID, f"grid has N={grid.shape[0]} but input has N={N}")
-    if grid.shape[3] != 2:
-        fail(INVALID, f"grid's last dimension must be 2 (x, y), got shape {grid.shape}")
-    if H == 0 or W == 0:
-        fail(INVALID, f"input's H and W must be non-zero, got shape {input.shape}")
-    expected = (N, C, grid.shape[1], grid.shape[2])
+    expected = sampled_shape(ACLNN_NAME, tensors, input, grid)
     if gradOutput.shape != expected:
         fail(INVALID, f"gradOutput has shape {gradOutput.shape}; expected {expected} "
                        "= (input N, input C, grid H_out, grid W_out)")
@@ -74,6 +61,26 @@ def check(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners,
     written = [(n, t) for (n, t), m in zip((("inputGrad", inputGrad), ("gridGrad", gridGrad)), mask) if m]
     no_alias(written, (("gradOutput", gradOutput), ("input", input), ("grid", grid)))
     return mask
+
+
+def sampled_shape(op: str, tensors, input, grid) -> tuple:
+    """(N, C, H_out, W_out), the shape of what `input` sampled at `grid` gives, after the checks
+    of the shapes both grid sampler operators share (`op`: the aclnn name, for messages;
+    `tensors`: (name, tensor) pairs of the call).  Raises AclnnError 161002."""
+    # aclnn's grid sampler takes ND tensors, read as (N, C, H, W) and (N, H_out, W_out, 2);
+    # an NHWC tensor would be misread, so it is refused rather than reinterpreted.
+    for name, t in tensors:
+        if t.format == "NHWC":
+            fail(INVALID, f"{name} has format NHWC; {op} reads its tensors as ND ((N, C, H, W) and "
+                          "(N, H_out, W_out, 2)): pass them as ND or NCHW")
+    N, C, H, W = input.shape
+    if grid.shape[0] != N:
+        fail(INVALID, f"grid has N={grid.shape[0]} but input has N={N}")
+    if grid.shape[3] != 2:
+        fail(INVALID, f"grid's last dimension must be 2 (x, y), got shape {grid.shape}")
+    if H == 0 or W == 0:
+        fail(INVALID, f"input's H and W must be non-zero, got shape {input.shape}")
+    return (N, C, grid.shape[1], grid.shape[2])
 
 
 def bind(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, mask, inputGrad, gridGrad,
@@ -91,19 +98,8 @@ def bind(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, 
     return Binding(spec, function, (gradOutput, input, grid) + outputs)
 
 
-OPERATOR = Operator(
-    name=GridSamplerSpec.op,
-    aclnn_name=ACLNN_NAME,
-    spec=GridSamplerSpec,
-    vocabulary={"interpolationMode": INTERPOLATION_NAMES, "paddingMode": PADDING_NAMES},
-    check=check,
-    bind=bind,
-    reference=reference.grid_sampler_2d_backward,
-    # Calls with at most this much work run inline (Operator.inline_work): the measured
-    # crossover of waking local-task's workers, about 1e5 elements on 2 threads (README
-    # "Host overhead").
-    inline_work={"": 65536},
-    torch="aclnn_iree.torch.grid_sampler",
-    bench="aclnn_iree.tools.bench_grid_sampler",
-    roofline="aclnn_iree.tools.roofline",
-)
+# inline_work: the measured crossover of waking local-task's workers, about 1e5 elements on
+# 2 threads (README "Host overhead").
+OPERATOR = Operator(ACLNN_NAME, GridSamplerSpec, check, bind, reference.grid_sampler_2d_backward, {"": 65536},
+                    torch="aclnn_iree.torch.grid_sampler", bench="aclnn_iree.tools.bench_grid_sampler",
+                    roofline="aclnn_iree.tools.roofline", vocabulary=VOCABULARY)

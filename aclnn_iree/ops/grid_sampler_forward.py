@@ -12,7 +12,7 @@ from ..core.errors import ACLNN_ERR_PARAM_INVALID as INVALID
 from ..core.validation import (bool_attr, dtype_name, fail, int_attr, no_alias, rank, same_device, same_dtype,
                                supported_dtype, tensor_arg)
 from . import Binding, Operator, reference
-from .grid_sampler import INTERPOLATION_NAMES, PADDING_NAMES
+from .grid_sampler import INTERPOLATION_NAMES, PADDING_NAMES, VOCABULARY, sampled_shape
 
 __all__ = ["ACLNN_NAME", "check", "bind", "OPERATOR"]
 
@@ -33,20 +33,7 @@ def check(input, grid, interpolationMode, paddingMode, alignCorners, out) -> Non
     bool_attr("alignCorners", alignCorners)
     for name, t in tensors:
         rank(name, t, 4)
-    # ND tensors read as (N, C, H, W) and (N, H_out, W_out, 2): an NHWC tensor would be
-    # misread, so it is refused rather than reinterpreted (as the backward does).
-    for name, t in tensors:
-        if t.format == "NHWC":
-            fail(INVALID, f"{name} has format NHWC; aclnnGridSampler2D reads its tensors as ND ((N, C, H, W) "
-                          "and (N, H_out, W_out, 2)): pass them as ND or NCHW")
-    N, C, H, W = input.shape
-    if grid.shape[0] != N:
-        fail(INVALID, f"grid has N={grid.shape[0]} but input has N={N}")
-    if grid.shape[3] != 2:
-        fail(INVALID, f"grid's last dimension must be 2 (x, y), got shape {grid.shape}")
-    if H == 0 or W == 0:
-        fail(INVALID, f"input's H and W must be non-zero, got shape {input.shape}")
-    expected = (N, C, grid.shape[1], grid.shape[2])
+    expected = sampled_shape(ACLNN_NAME, tensors, input, grid)
     if out.shape != expected:
         fail(INVALID, f"out has shape {out.shape}; expected {expected} = (input N, input C, grid H_out, grid W_out)")
     no_alias((("out", out),), (("input", input), ("grid", grid)))
@@ -61,17 +48,8 @@ def bind(input, grid, interpolationMode, paddingMode, alignCorners, out) -> Bind
     return Binding(spec, spec.function_name(), (input, grid, out))
 
 
-OPERATOR = Operator(
-    name=GridSampler2dSpec.op,
-    aclnn_name=ACLNN_NAME,
-    spec=GridSampler2dSpec,
-    vocabulary={"interpolationMode": INTERPOLATION_NAMES, "paddingMode": PADDING_NAMES},
-    check=check,
-    bind=bind,
-    reference=reference.grid_sampler_2d,
-    # a gather of as many elements as the output, cheaper per element than the backward:
-    # inline up to the backward's bound until measured on its own
-    inline_work={"": 65536},
-    torch="aclnn_iree.torch.grid_sampler",
-    bench="aclnn_iree.tools.bench_grid_sampler_forward",
-)
+# inline_work: a gather of as many elements as the output, cheaper per element than the
+# backward; inline up to the backward's bound until measured on its own.
+OPERATOR = Operator(ACLNN_NAME, GridSampler2dSpec, check, bind, reference.grid_sampler_2d, {"": 65536},
+                    torch="aclnn_iree.torch.grid_sampler", bench="aclnn_iree.tools.bench_grid_sampler_forward",
+                    vocabulary=VOCABULARY)

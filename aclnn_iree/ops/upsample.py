@@ -15,11 +15,12 @@ from ..core.errors import ACLNN_ERR_PARAM_INVALID as INVALID
 from ..core.errors import ACLNN_ERR_PARAM_NULLPTR as NULLPTR
 from ..core.errors import brief
 from ..core.tensors import aclIntArray, tensor_over
-from ..core.validation import (bool_attr, dtype_name, fail, no_alias, rank, same_device, scale_arg, supported_dtype,
-                          tensor_arg)
+from ..core.validation import (bool_attr, dtype_name, fail, no_alias, rank, same_device, same_dtype, scale_arg,
+                               supported_dtype, tensor_arg)
 from . import Binding, Operator, reference
 
-__all__ = ["ACLNN_NAME", "check", "bind", "upsample_scale", "op_math", "scales_tensor", "call_kind", "OPERATOR"]
+__all__ = ["ACLNN_NAME", "check", "bind", "upsample_scale", "checked_scales", "op_math", "scales_tensor", "call_kind",
+           "OPERATOR"]
 
 ACLNN_NAME = "aclnnUpsampleBilinear2dBackwardV2"
 
@@ -82,25 +83,28 @@ def check(gradOut, outputSize, inputSize, alignCorners, scalesH, scalesW, out) -
     if gradOut.shape != expected:
         fail(INVALID, f"gradOut has shape {gradOut.shape}; expected {expected} from inputSize {inputSize.values} "
                        f"and outputSize {outputSize.values} ({gradOut.format})")
-    if out.dtype != gradOut.dtype:
-        fail(INVALID, f"out has dtype {out.dtype.name} but gradOut has dtype {gradOut.dtype.name}; "
-                       "all tensors of one call share one dtype")
+    same_dtype("gradOut", gradOut, [("out", out)])
     supported_dtype("gradOut", gradOut)
     expected_out = (N, H, W, C) if nhwc else (N, C, H, W)
     if out.shape != expected_out:
         fail(INVALID, f"out has shape {out.shape}; expected the grad-input shape {expected_out} ({out.format})")
     bool_attr("alignCorners", alignCorners)
     no_alias((("out", out),), (("gradOut", gradOut),))
-    sh = scale_arg("scalesH", scalesH)
-    sw = scale_arg("scalesW", scalesW)
-    # A given scale must agree with the sizes (SPEC part A 5), never be silently ignored.
-    for name, s, i, o in (("scalesH", sh, H, Ho), ("scalesW", sw, W, Wo)):
+    return ("NHWC" if nhwc else "NCHW"), checked_scales(scalesH, scalesW, (H, Ho), (W, Wo), bool(alignCorners),
+                                                        op_math(gradOut.dtype))
+
+
+def checked_scales(scalesH, scalesW, h_sizes, w_sizes, align_corners: bool, dtype) -> tuple:
+    """(rh, rw), each axis's source-index scale (upsample_scale) for (in, out) sizes `h_sizes`
+    and `w_sizes`, in the op-math type `dtype`.  Raises AclnnError 161002 for a scale that is
+    not a number, or a given one (> 0) that disagrees with the sizes (SPEC part A 5: never
+    silently ignored)."""
+    scales = (scale_arg("scalesH", scalesH), scale_arg("scalesW", scalesW))
+    for name, s, (i, o) in zip(("scalesH", "scalesW"), scales, (h_sizes, w_sizes)):
         if s > 0 and (not math.isfinite(i * s) or o != math.floor(i * s)):
             got = math.floor(i * s) if math.isfinite(i * s) else i * s
             fail(INVALID, f"{name}={s} is inconsistent with the sizes: output {o} != floor({i} * {s}) = {got}")
-    dtype = op_math(gradOut.dtype)
-    return ("NHWC" if nhwc else "NCHW"), (upsample_scale(H, Ho, bool(alignCorners), sh, dtype),
-                                          upsample_scale(W, Wo, bool(alignCorners), sw, dtype))
+    return tuple(upsample_scale(i, o, align_corners, s, dtype) for s, (i, o) in zip(scales, (h_sizes, w_sizes)))
 
 
 def op_math(dtype):
@@ -134,19 +138,9 @@ def call_kind(grad_output_shape, grad_input_shape) -> str:
     return "same_size" if tuple(grad_output_shape) == tuple(grad_input_shape) else ""
 
 
-OPERATOR = Operator(
-    name=UpsampleSpec.op,
-    aclnn_name=ACLNN_NAME,
-    spec=UpsampleSpec,
-    vocabulary={},
-    check=check,
-    bind=bind,
-    reference=reference.upsample_bilinear2d_backward,
-    # Calls with at most this much work run inline (Operator.inline_work): the measured
-    # crossover is about 5e5 elements on 2 threads (README "Host overhead"); a same-size call
-    # is a copy (2 x 32 x 64^2, 2 threads, end to end 99-172 us on local-task, 54 us inline;
-    # even at 8 x 64 x 64^2).
-    inline_work={"": 262144, "same_size": 1 << 22},
-    torch="aclnn_iree.torch.upsample",
-    bench="aclnn_iree.tools.bench_upsample",
-)
+# inline_work: the measured crossover is about 5e5 elements on 2 threads (README "Host
+# overhead"); a same-size call is a copy (2 x 32 x 64^2, 2 threads, end to end 99-172 us on
+# local-task, 54 us inline; even at 8 x 64 x 64^2).
+OPERATOR = Operator(ACLNN_NAME, UpsampleSpec, check, bind, reference.upsample_bilinear2d_backward,
+                    {"": 262144, "same_size": 1 << 22}, torch="aclnn_iree.torch.upsample",
+                    bench="aclnn_iree.tools.bench_upsample")

@@ -7,17 +7,15 @@ the backward's order for the arguments the two share.
 """
 from __future__ import annotations
 
-import math
-
 from ..compiler.specs import UpsampleBilinear2dSpec
 from ..core.errors import ACLNN_ERR_PARAM_INVALID as INVALID
 from ..core.errors import ACLNN_ERR_PARAM_NULLPTR as NULLPTR
 from ..core.errors import brief
 from ..core.tensors import aclIntArray
-from ..core.validation import (bool_attr, dtype_name, fail, no_alias, rank, same_device, scale_arg, supported_dtype,
+from ..core.validation import (bool_attr, dtype_name, fail, no_alias, rank, same_device, same_dtype, supported_dtype,
                                tensor_arg)
 from . import Binding, Operator, reference
-from .upsample import op_math, scales_tensor, upsample_scale
+from .upsample import checked_scales, op_math, scales_tensor
 
 __all__ = ["ACLNN_NAME", "check", "bind", "OPERATOR"]
 
@@ -52,9 +50,7 @@ def check(self, outputSize, alignCorners, scalesH, scalesW, out) -> tuple:
         fail(INVALID, f"self's H and W must be > 0, got shape {self.shape} ({self.format})")
     if Ho <= 0 or Wo <= 0:
         fail(INVALID, f"outputSize must be > 0, got {outputSize.values}")
-    if out.dtype != self.dtype:
-        fail(INVALID, f"out has dtype {out.dtype.name} but self has dtype {self.dtype.name}; "
-                      "all tensors of one call share one dtype")
+    same_dtype("self", self, [("out", out)])
     supported_dtype("self", self)
     expected = (N, Ho, Wo, C) if nhwc else (N, C, Ho, Wo)
     if out.shape != expected:
@@ -62,16 +58,8 @@ def check(self, outputSize, alignCorners, scalesH, scalesW, out) -> tuple:
                       f"outputSize {outputSize.values} ({out.format})")
     bool_attr("alignCorners", alignCorners)
     no_alias((("out", out),), (("self", self),))
-    sh = scale_arg("scalesH", scalesH)
-    sw = scale_arg("scalesW", scalesW)
-    # A given scale must agree with the sizes (SPEC part A 5), never be silently ignored.
-    for name, s, i, o in (("scalesH", sh, H, Ho), ("scalesW", sw, W, Wo)):
-        if s > 0 and (not math.isfinite(i * s) or o != math.floor(i * s)):
-            got = math.floor(i * s) if math.isfinite(i * s) else i * s
-            fail(INVALID, f"{name}={s} is inconsistent with the sizes: output {o} != floor({i} * {s}) = {got}")
-    dtype = op_math(self.dtype)
-    return ("NHWC" if nhwc else "NCHW"), (upsample_scale(H, Ho, bool(alignCorners), sh, dtype),
-                                          upsample_scale(W, Wo, bool(alignCorners), sw, dtype))
+    return ("NHWC" if nhwc else "NCHW"), checked_scales(scalesH, scalesW, (H, Ho), (W, Wo), bool(alignCorners),
+                                                        op_math(self.dtype))
 
 
 def bind(self, alignCorners, out, layout: str, scales) -> Binding:
@@ -84,16 +72,6 @@ def bind(self, alignCorners, out, layout: str, scales) -> Binding:
     return Binding(spec, spec.function_name(), (self, scales, out))
 
 
-OPERATOR = Operator(
-    name=UpsampleBilinear2dSpec.op,
-    aclnn_name=ACLNN_NAME,
-    spec=UpsampleBilinear2dSpec,
-    vocabulary={},
-    check=check,
-    bind=bind,
-    reference=reference.upsample_bilinear2d,
-    # the backward's crossover until measured on its own (README "Host overhead")
-    inline_work={"": 262144},
-    torch="aclnn_iree.torch.upsample",
-    bench="aclnn_iree.tools.bench_upsample_forward",
-)
+# inline_work: the backward's crossover until measured on its own (README "Host overhead").
+OPERATOR = Operator(ACLNN_NAME, UpsampleBilinear2dSpec, check, bind, reference.upsample_bilinear2d, {"": 262144},
+                    torch="aclnn_iree.torch.upsample", bench="aclnn_iree.tools.bench_upsample_forward")

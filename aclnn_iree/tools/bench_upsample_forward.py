@@ -9,11 +9,9 @@ from ..core import aclnn as A
 from ..core.api import upsample_bilinear2d
 from ..ops.upsample_forward import OPERATOR
 from . import bench_upsample as backward
-from .cases import Case
+from .cases import Case, forward_cases
 
-CASES = [Case("fwd_" + c.name, OPERATOR.name, c.shape, c.mode, c.padding, c.align_corners, c.layout, c.large)
-         for c in backward.CASES]
-QUICK = {"fwd_" + name for name in backward.QUICK}
+CASES, QUICK = forward_cases(backward, OPERATOR.name)
 torch_step = None  # the backward's training step runs this forward
 
 

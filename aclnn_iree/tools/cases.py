@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 
-__all__ = ["Case", "compiled_backward", "synchronised"]
+__all__ = ["Case", "compiled_backward", "synchronised", "forward_cases"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,3 +47,10 @@ def synchronised(torch, fn, cuda: bool):
         torch.cuda.synchronize()
         return r
     return call
+
+
+def forward_cases(backward, op: str) -> tuple:
+    """(CASES, QUICK) of a forward operator's benchmark: its backward's (the module `backward`)
+    at the same shapes and modes, each named "fwd_<name>" and of the operator `op`."""
+    cases = [dataclasses.replace(c, name="fwd_" + c.name, op=op) for c in backward.CASES]
+    return cases, {"fwd_" + name for name in backward.QUICK}
