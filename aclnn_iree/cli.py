@@ -4,7 +4,7 @@ main job, benchmark.
     aclnn-iree build [--target llvm-cpu ...] [--op OP ...] [--dtype float32 ...] [--kernel GLOB ...]
                      [--jobs N] [--out DIR] [--target-cpu CPU] [--gpu-arch ARCH]
     aclnn-iree list  [--dir DIR] [--target ...] [--op ...] [--dtype ...] [--target-cpu CPU] [-v]
-    aclnn-iree demo  [--out DIR] [--quick] [--backward ours|torch|both] [--device DEV] [--photo]
+    aclnn-iree demo  [--out DIR] [--quick] [--kernels ours|torch|both] [--device DEV] [--photo]
     aclnn-iree bench [--quick] [--json FILE] [--threads N] [--device DEV] [--op OP|torch] ...
     aclnn-iree --version
 
@@ -305,12 +305,13 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="dense stereo on the Middlebury Motorcycle pair through autograd, scored "
                                     "against its ground truth",
                        description="Estimates the disparity of a real stereo pair by gradient descent in PyTorch, "
-                                   "with both backward operators from our kernels, and scores it against the "
-                                   "ground truth (see README 'Quick start').")
+                                   "with both operators (forward and backward) from our kernels, and scores it "
+                                   "against the ground truth (see README 'Quick start').")
     d.add_argument("--out", metavar="DIR", help="output directory (default: demo_output/)")
     d.add_argument("--quick", action="store_true", help="quarter resolution, fewer steps (a few seconds)")
-    d.add_argument("--backward", choices=["ours", "torch", "both"], default="ours",
-                   help="whose backward kernels: ours (default), PyTorch's, or both jobs side by side")
+    d.add_argument("--kernels", "--backward", dest="backward", choices=["ours", "torch", "both"], default="ours",
+                   help="whose grid_sample and interpolate kernels, forward and backward: ours (default), "
+                        "PyTorch's, or both jobs side by side (--backward: the former name)")
     d.add_argument("--device", default="local-task", help="IREE device of our kernels (default local-task)")
     d.add_argument("--photo", action="store_true",
                    help="instead: the NumPy-only demo (image registration and a learned low-resolution image "

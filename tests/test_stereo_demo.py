@@ -224,7 +224,7 @@ def test_quick_job_writes_its_files_and_summary(quick_job):
     from PIL import Image
     with Image.open(out / "stereo.png") as im:
         assert im.size[0] > 1000 and im.size[1] > 500
-    assert "baseline: best constant" in console and "our backward vs PyTorch's" in console
+    assert "baseline: best constant" in console and "our kernels vs PyTorch's" in console
 
 
 def test_openmp_spin_is_limited_only_where_nobody_chose():

@@ -1,5 +1,5 @@
 """The main job: dense stereo on the Middlebury 2014 "Motorcycle" pair, by gradient descent
-through autograd, with both backward operators from our kernels (aclnn_iree.torch).
+through autograd, with both operators, forward and backward, from our kernels (aclnn_iree.torch).
 
 The data is scikit-image's ``skimage.data.stereo_motorcycle()``: the left and right views
 (500 x 741, RGB) and the ground-truth disparity of the left view, in pixels, ``inf`` where
@@ -28,9 +28,9 @@ The method (``estimate``), at half resolution (250 x 370, the "working" resoluti
   the row (the background).
 * The estimate is brought to 500 x 741 and to full-resolution pixels (x 2) for evaluation.
 
-``--backward torch`` runs the same job with PyTorch's own backward (F.grid_sample,
-F.interpolate): the forward is PyTorch's in both, so the two differ only by the rounding
-of the backward sums.
+``--kernels torch`` runs the same job with PyTorch's own kernels (F.grid_sample,
+F.interpolate, forward and backward); ours and PyTorch's forwards agree bitwise in float32
+(README "Semantics"), so the two jobs differ by the rounding of the backward sums.
 """
 from __future__ import annotations
 
