@@ -43,7 +43,7 @@ def custom_op_overhead_us(torch, repeats: int = 200, blocks: int = 10) -> dict:
     the Pythonic call, and the host cost of the torch layer between them: for a direct call
     of the op ("custom_op_us", "overhead_us"), which passes the op's autograd wrapper (its
     double-backward formula), and as autograd's first-order backward calls it, below that
-    wrapper ("below_autograd_us", "below_autograd_overhead_us"; ops._backward_op).
+    wrapper ("below_autograd_us", "below_autograd_overhead_us"; _library.below_autograd).
 
     Both run on the synchronous CPU device (local-sync): on local-task a tiny call's time is
     mostly the wake-up of a worker thread, whose jitter on a shared VM hides a difference

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from . import _bridge as B
 
-__all__ = ["op", "check_dtype", "masked", "backward_op", "autograd_function", "check_bool"]
+__all__ = ["op", "check_dtype", "masked", "below_autograd", "autograd_function", "check_bool"]
 
 _lib = torch.library.Library("aclnn_iree", "DEF")
 
@@ -36,30 +36,33 @@ def masked(t: Optional[Tensor], like: Tensor) -> Tensor:
     return t if t is not None else like.new_empty(0)
 
 
-def backward_op(op, *args):
-    """Calls a backward op from an autograd formula.  In a first-order backward (grad mode off)
-    below the Autograd key: its autograd wrapper would only pass the call on, for ~30-70 us
-    of Python here (tiny grid_sample step 525 -> 455 us).  Under create_graph=True through
-    it, so that the double backward formula is recorded; also while dynamo traces (it cannot
-    trace the guard, and its graph is differentiated by AOTAutograd, not by this call)."""
+def below_autograd(op, *args):
+    """Calls one of our ops from an autograd formula or an autograd.Function's forward.  With
+    grad mode off (a first-order backward; any Function.forward) below the Autograd key: the
+    op's autograd wrapper would only pass the call on, for ~15-70 us of Python here (tiny
+    grid_sample step 525 -> 455 us for the backward ops).  With grad mode on
+    (create_graph=True) through it, so that the double backward formula is recorded; also
+    while dynamo traces (it cannot trace the guard, and its graph is differentiated by
+    AOTAutograd, not by this call)."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return op(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
 
 
-# The functions' autograd: an autograd.Function around PyTorch's forward whose setup and
-# backward are the formulas registered for the forward ops (each operator module's _setup / _backward), so the
-# same gradients through the same backward ops.  Outside the op rather than through it: the
+# The functions' autograd: an autograd.Function around our forward op whose setup and backward
+# are the formulas registered for the forward ops (each operator module's _setup / _backward),
+# so the same gradients through the same backward ops.  Outside the op rather than through it: the
 # op's register_autograd kernel costs ~65 us a call here, most of it torch._library's
 # fill_defaults (quadratic in the schema's arity, pytorch/pytorch#195110), against ~15 us for
 # an autograd.Function whose forward takes ctx (one with a separate setup_context binds its
 # arguments with inspect.signature on every call, another ~60 us); torch.compile traces either,
 # and the compiled backward graph holds our backward ops all the same (tests/test_torch.py).
-def autograd_function(name, aten_forward, setup_context, backward):
-    """An autograd.Function: PyTorch's forward `aten_forward`, then the op's setup_context."""
+def autograd_function(name, forward_op, setup_context, backward):
+    """An autograd.Function: our forward op `forward_op` (below its autograd wrapper), then the
+    op's setup_context."""
     def forward(ctx, *inputs):
-        output = aten_forward(*inputs)
+        output = below_autograd(forward_op, *inputs)
         setup_context(ctx, inputs, output)
         return output
     return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),

@@ -150,7 +150,7 @@ def _grid_setup(ctx, inputs, output):
 def _grid_backward(ctx, grad):
     input, grid = ctx.saved_tensors
     mask = [bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])]
-    dx, dg = L.backward_op(torch.ops.aclnn_iree.grid_sampler_2d_backward, grad, input, grid, *ctx.args, mask)
+    dx, dg = L.below_autograd(torch.ops.aclnn_iree.grid_sampler_2d_backward, grad, input, grid, *ctx.args, mask)
     return (dx if mask[0] else None), (dg if mask[1] else None), None, None, None
 
 

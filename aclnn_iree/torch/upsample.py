@@ -149,7 +149,7 @@ def _up_setup(ctx, inputs, output):
 
 def _up_backward(ctx, grad):
     output_size, input_size, align_corners, scales_h, scales_w = ctx.args
-    dx = L.backward_op(torch.ops.aclnn_iree.upsample_bilinear2d_backward, grad, output_size, input_size,
+    dx = L.below_autograd(torch.ops.aclnn_iree.upsample_bilinear2d_backward, grad, output_size, input_size,
                       align_corners, scales_h, scales_w)
     return dx, None, None, None, None
 
