@@ -448,3 +448,44 @@ def test_upsample_backward_f32_matches_reference_and_torch(align_corners, layout
 # Every failure Hypothesis finds is to be hard-coded here as a named plain test (minimal example).
 # None so far: the "ci" profile and 10x-larger "dev" runs (9000 grid-sampler + 8000 upsample
 # examples) passed against the kernels as of this writing.
+
+
+# =========================================================================== forward operators
+# The forward kernels claim PyTorch's bits in float32 (finite grids; README "Semantics"), so the
+# same cases are checked bit for bit against PyTorch's CPU kernels.
+@pytest.mark.skipif(torch is None, reason="PyTorch is the oracle of the forward's bits")
+@pytest.mark.parametrize("mode,padding,align_corners", COMBOS,
+                         ids=[f"{ref_m}-{ref_p}-ac{int(ac)}" for ref_m, ref_p, ac in
+                              ((("bilinear", "nearest", "bicubic")[m], ("zeros", "border", "reflection")[p], ac)
+                               for m, p, ac in COMBOS)])
+@settings(max_examples=GS_EXAMPLES_PER_COMBO)
+@given(data=st.data())
+def test_grid_sampler_forward_f32_is_pytorchs_bits(mode, padding, align_corners, data):
+    _, x, grid = data.draw(grid_sampler_cases(align_corners), label="case")
+    out = api.grid_sampler_2d(x, grid, mode, padding, align_corners)
+    want = torch.ops.aten.grid_sampler_2d(torch.from_numpy(x), torch.from_numpy(grid), mode, padding,
+                                          align_corners).numpy()
+    assert out.shape == want.shape and out.tobytes() == want.tobytes(), (
+        f"mode={mode} padding={padding} align_corners={align_corners}: max diff {np.abs(out - want).max()}\n"
+        f"x={x.tolist()!r}\ngrid={grid.tolist()!r}")
+
+
+@pytest.mark.skipif(torch is None, reason="PyTorch is the oracle of the forward's bits")
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("align_corners", [False, True], ids=["ac0", "ac1"])
+@settings(max_examples=UP_EXAMPLES_PER_COMBO)
+@given(case=upsample_cases())
+def test_upsample_forward_f32_is_pytorchs_bits(align_corners, layout, case):
+    go, input_size, output_size, scales = case
+    x = np.random.default_rng(int(abs(go).sum() * 1e6) % 2**32).standard_normal(input_size).astype(F32)
+    t = torch.from_numpy(x)
+    if layout == "NHWC":
+        t = t.contiguous(memory_format=torch.channels_last)
+        out = api.upsample_bilinear2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), output_size, align_corners,
+                                      scales[0], scales[1], memory_format="NHWC").transpose(0, 3, 1, 2)
+    else:
+        out = api.upsample_bilinear2d(x, output_size, align_corners, scales[0], scales[1])
+    want = torch.ops.aten.upsample_bilinear2d(t, list(output_size), align_corners, scales[0], scales[1]).numpy()
+    assert out.shape == want.shape and np.ascontiguousarray(out).tobytes() == np.ascontiguousarray(want).tobytes(), (
+        f"input_size={input_size} output_size={output_size} scales={scales} align_corners={align_corners} "
+        f"layout={layout}: max diff {np.abs(out - want).max()}\nx={x.tolist()!r}")
