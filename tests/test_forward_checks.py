@@ -182,3 +182,29 @@ def test_the_forward_grid_sampler_uses_avx2_gathers_only_where_the_cpu_has_them(
     if cpu_isa() == "x86":
         assert "llvm.x86.avx2.gather" in render(spec, new)
         assert not cpu_gathers(old) and cpu_gathers(new)
+
+
+# ----------------------------------------------------------------------------- rebinding
+def test_rebinding_an_output_onto_an_input_is_refused_and_keeps_the_old_binding():
+    """aclSetOutputTensorAddr over an input's memory is what phase 1 refuses (161002), not a
+    silently wrong result; the executor keeps its previous memory and still runs."""
+    import aclnn_iree
+    _, s = A.aclrtCreateStream("local-sync")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 2, 6, 6)).astype(np.float32)
+    g = rng.uniform(-1, 1, (1, 6, 6, 2)).astype(np.float32)
+    ti, tg = A.aclCreateTensor(x, stream=s), A.aclCreateTensor(g, stream=s)
+    to = A.aclCreateTensor(shape=x.shape, dtype=np.float32, stream=s)
+    status, ws, ex = A.aclnnGridSampler2DGetWorkspaceSize(ti, tg, 2, 0, False, to)
+    assert status == SUCCESS and A.aclSetAclOpExecutorRepeatable(ex) == SUCCESS
+    buf = np.empty(x.size + 64, np.float32)
+    start = (-buf.ctypes.data % 64) // 4
+    shared = buf[start:start + x.size].reshape(x.shape)
+    shared[...] = x
+    assert A.aclSetInputTensorAddr(ex, 0, ti, shared) == SUCCESS
+    _status(A.aclSetOutputTensorAddr(ex, 0, to, shared), INVALID, "output 0 shares memory with input 0")
+    later = buf[start + 16:start + 16 + x.size].reshape(x.shape)  # overlapping, 64 bytes further
+    _status(A.aclSetOutputTensorAddr(ex, 0, to, later), INVALID, "output 0 shares memory with input 0")
+    assert A.aclnnGridSampler2D(None, 0, ex, s) == SUCCESS and A.aclrtSynchronizeStream(s) == SUCCESS
+    np.testing.assert_array_equal(to.numpy(), aclnn_iree.grid_sampler_2d(x, g, 2, 0, False))
+    np.testing.assert_array_equal(shared, x)  # the input was never written

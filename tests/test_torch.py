@@ -509,6 +509,20 @@ def test_enabled_blocks_in_two_threads_count_as_one():
     assert not AT.is_enabled()
 
 
+@pytest.mark.parametrize("scale", [float("nan"), float("inf")])
+def test_enabled_leaves_a_non_finite_upsample_scale_to_pytorch(scale):
+    """PyTorch accepts a NaN or infinite scale (and ignores it for the sizes given); aclnn takes
+    none: under enabled() both aten ops run PyTorch's kernel for it (it raised ValueError)."""
+    x, go = torch.randn(1, 1, 3, 3), torch.randn(1, 1, 6, 6)
+    want = (torch.ops.aten.upsample_bilinear2d(x, [6, 6], False, scale, None),
+            torch.ops.aten.upsample_bilinear2d_backward(go, [6, 6], [1, 1, 3, 3], False, scale, None))
+    with AT.enabled():
+        got = (torch.ops.aten.upsample_bilinear2d(x, [6, 6], False, scale, None),
+               torch.ops.aten.upsample_bilinear2d_backward(go, [6, 6], [1, 1, 3, 3], False, scale, None))
+    for a, b in zip(got, want):
+        assert _bits(a) == _bits(b)
+
+
 def test_enabled_keeps_pytorch_for_what_we_do_not_handle():
     """Integer grids never reach a backward; an upsample scale that disagrees with the sizes
     (PyTorch defines it, aclnn refuses it) goes to PyTorch's kernel."""

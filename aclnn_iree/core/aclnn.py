@@ -39,6 +39,7 @@ from ..ops import grid_sampler, grid_sampler_forward, upsample, upsample_forward
 from ..runtime.device import DeviceUnavailable
 from ..runtime.kernels import ModuleLoadError, load_module
 from ..runtime.store import ArtifactMissing, UnsupportedCpu
+from .validation import no_alias
 from .tensors import (FORMATS, HOST_ALIGNMENT, Storage, aclBoolArray, aclIntArray, aclrtBuffer, aclrtStream,
                       aclTensor, data_address, empty_aligned, device_of, hal_element_type, host_storage, tensor_over,
                       view_over)
@@ -406,7 +407,14 @@ def _set_tensor_addr(executor, kind, index, tensor, addr) -> int:
                              f"tensor is not {kind} {int(index)} of the executor (the aclTensor phase 1 took there)")
         if tensor.destroyed:
             raise AclnnError(E.ACLNN_ERR_PARAM_NULLPTR, f"{kind} {int(index)} was destroyed")
+        before = Storage(tensor.buffer, tensor.view, tensor.host, tensor.shape, tensor.dtype, tensor.format)
         tensor.rebind(_addr_storage(executor.device, tensor, addr))
+        try:  # what phase 1 refused (an output over an input or another output) stays refused
+            no_alias([(f"output {i}", t) for i, t in enumerate(executor.outputs)],
+                     [(f"input {i}", t) for i, t in enumerate(executor.inputs)])
+        except AclnnError:
+            tensor.rebind(before)
+            raise
         executor.refresh()
     return E.ACLNN_SUCCESS
 

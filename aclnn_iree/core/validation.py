@@ -64,10 +64,16 @@ def same_device(tensors):
 
 
 def overlaps(a, b) -> bool:
-    """Whether two tensors share memory.  aclCreateTensor copies its array and the Pythonic
-    layer allocates its outputs, so two tensors share memory only when they are one tensor
-    (or wrap one device buffer)."""
-    return a is b or a.buffer is b.buffer
+    """Whether two tensors share memory: one tensor, one device buffer, or (on CPU devices,
+    after aclSetInputTensorAddr / aclSetOutputTensorAddr pointed them at host arrays)
+    overlapping host memory.  A tensor without memory (a masked-out output) overlaps nothing."""
+    if a is b:
+        return True
+    if a.buffer is None or b.buffer is None:
+        return False
+    if a.buffer is b.buffer:
+        return True
+    return a.host is not None and b.host is not None and bool(np.may_share_memory(a.host, b.host))
 
 
 def no_alias(outputs, inputs):

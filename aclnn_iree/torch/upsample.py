@@ -244,7 +244,12 @@ def interpolate(input, size=None, scale_factor=None, mode: str = "bilinear", ali
 
 # ----------------------------------------------------------------------------- enable()
 def _consistent(scale, in_size, out_size) -> bool:
-    return scale is None or scale <= 0 or out_size == math.floor(in_size * scale)
+    """Whether aclnn takes this scale: none, <= 0 (not given), or one that agrees with the sizes.
+    A NaN or infinite scale, which PyTorch accepts, is not (PyTorch's kernel runs)."""
+    if scale is None or scale <= 0:
+        return True
+    product = in_size * scale
+    return math.isfinite(product) and out_size == math.floor(product)
 
 
 def _upsample_kernel(keyset, grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
