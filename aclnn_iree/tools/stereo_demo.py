@@ -163,8 +163,9 @@ def run_stereo_demo(out_dir="demo_output", quick: bool = False, backward: str = 
     results["warm_up_seconds"] = S.warm_up(names)
     log(f"warm-up outside the timers (imports, module loading, first calls): {results['warm_up_seconds']:.1f} s")
     whose = " and ".join("our" if name == "ours" else "PyTorch's" for name in names)
-    log(f"estimating with {whose} backward kernels ({sum(cfg.steps)} Adam steps over {len(cfg.levels)} "
-        "pyramid levels, two views at once" + (", the two jobs a step each in turn)" if len(names) > 1 else ")"))
+    log(f"estimating with {whose} kernels, forward and backward ({sum(cfg.steps)} Adam steps over "
+        f"{len(cfg.levels)} pyramid levels, two views at once"
+        + (", the two jobs a step each in turn)" if len(names) > 1 else ")"))
     runs = S.estimate_side_by_side(left, right, cfg, names, progress=progress)
     for name, run in runs.items():
         run["level_fractions"] = [f * cfg.working_scale for f in cfg.levels]
