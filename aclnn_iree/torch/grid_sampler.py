@@ -158,8 +158,8 @@ torch.library.register_autograd("aclnn_iree::grid_sampler_2d", _grid_backward, s
 
 
 # ----------------------------------------------------------------------------- grid_sample
-_GridSampler2d = L.autograd_function("_GridSampler2d", torch.ops.aclnn_iree.grid_sampler_2d, _grid_setup,
-                                     _grid_backward)
+_GridSampler2d = L.autograd_function("_GridSampler2d", torch.ops.aclnn_iree.grid_sampler_2d, grid_sampler_2d,
+                                     _grid_setup, _grid_backward)
 _MODES = {name: code for code, name in INTERPOLATION_NAMES.items()}
 _PADDINGS = {name: code for code, name in PADDING_NAMES.items()}
 

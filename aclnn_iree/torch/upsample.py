@@ -159,7 +159,7 @@ torch.library.register_autograd("aclnn_iree::upsample_bilinear2d", _up_backward,
 
 # ----------------------------------------------------------------------------- interpolate
 _UpsampleBilinear2d = L.autograd_function("_UpsampleBilinear2d", torch.ops.aclnn_iree.upsample_bilinear2d,
-                                          _up_setup, _up_backward)
+                                          upsample_bilinear2d, _up_setup, _up_backward)
 
 
 def _scale(s) -> float:
