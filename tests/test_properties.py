@@ -298,6 +298,8 @@ def grid_sampler_cases(draw, align_corners):
 
 
 COMBOS = [(m, p, ac) for m in (0, 1, 2) for p in (0, 1, 2) for ac in (False, True)]
+COMBO_IDS = [f"{('bilinear', 'nearest', 'bicubic')[m]}-{('zeros', 'border', 'reflection')[p]}-ac{int(ac)}"
+             for m, p, ac in COMBOS]
 
 
 def check_grid_sampler(go, x, grid, mode, padding, align_corners):
@@ -329,10 +331,7 @@ def check_grid_sampler(go, x, grid, mode, padding, align_corners):
     np.testing.assert_array_equal(dg_only, dg)
 
 
-@pytest.mark.parametrize("mode,padding,align_corners", COMBOS,
-                         ids=[f"{ref_m}-{ref_p}-ac{int(ac)}" for ref_m, ref_p, ac in
-                              ((("bilinear", "nearest", "bicubic")[m], ("zeros", "border", "reflection")[p], ac)
-                               for m, p, ac in COMBOS)])
+@pytest.mark.parametrize("mode,padding,align_corners", COMBOS, ids=COMBO_IDS)
 @settings(max_examples=GS_EXAMPLES_PER_COMBO)
 @given(data=st.data())
 def test_grid_sampler_backward_f32_matches_reference_and_torch(mode, padding, align_corners, data):
@@ -454,10 +453,7 @@ def test_upsample_backward_f32_matches_reference_and_torch(align_corners, layout
 # The forward kernels claim PyTorch's bits in float32 (finite grids; README "Semantics"), so the
 # same cases are checked bit for bit against PyTorch's CPU kernels.
 @pytest.mark.skipif(torch is None, reason="PyTorch is the oracle of the forward's bits")
-@pytest.mark.parametrize("mode,padding,align_corners", COMBOS,
-                         ids=[f"{ref_m}-{ref_p}-ac{int(ac)}" for ref_m, ref_p, ac in
-                              ((("bilinear", "nearest", "bicubic")[m], ("zeros", "border", "reflection")[p], ac)
-                               for m, p, ac in COMBOS)])
+@pytest.mark.parametrize("mode,padding,align_corners", COMBOS, ids=COMBO_IDS)
 @settings(max_examples=GS_EXAMPLES_PER_COMBO)
 @given(data=st.data())
 def test_grid_sampler_forward_f32_is_pytorchs_bits(mode, padding, align_corners, data):

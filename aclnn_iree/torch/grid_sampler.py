@@ -190,13 +190,8 @@ def grid_sample(input, grid, mode: str = "bilinear", padding_mode: str = "zeros"
 
 
 # ----------------------------------------------------------------------------- enable()
-def _supported(*tensors) -> bool:
-    """Whether our kernels take these tensors: one supported dtype, while enable() is in effect."""
-    return O.is_enabled() and all(t.dtype in B.SUPPORTED_DTYPES and t.dtype == tensors[0].dtype for t in tensors)
-
-
 def _grid_kernel(keyset, grad_output, input, grid, interpolation_mode, padding_mode, align_corners, output_mask):
-    name = B.iree_device_for(grad_output, input, grid) if _supported(input, grad_output, grid) else None
+    name = O.device_for(input, grad_output, grid)
     if name is None:
         return O.original(f"aten::{OPERATOR.name}").call_boxed(keyset, grad_output, input, grid, interpolation_mode,
                                                               padding_mode, align_corners, output_mask)
@@ -206,7 +201,7 @@ def _grid_kernel(keyset, grad_output, input, grid, interpolation_mode, padding_m
 
 
 def _grid_forward_kernel(keyset, input, grid, interpolation_mode, padding_mode, align_corners):
-    name = B.iree_device_for(input, grid) if _supported(input, grid) else None
+    name = O.device_for(input, grid)
     if name is None:
         return O.original(f"aten::{FORWARD.name}").call_boxed(keyset, input, grid, interpolation_mode, padding_mode,
                                                              align_corners)

@@ -28,6 +28,8 @@ import warnings
 
 import torch
 
+from . import _bridge as B
+
 __all__ = ["enable", "disable", "enabled", "is_enabled"]
 
 _lock = threading.RLock()
@@ -36,6 +38,15 @@ _active = False  # the switch our registered kernels read
 _open_blocks = 0  # enabled() blocks open now, in any thread
 _before_blocks = False  # whether enable() was in effect before the first of them
 _originals: dict = {}
+
+
+def device_for(*tensors):
+    """The IREE device on which an overriding kernel runs these tensors itself, or None where
+    PyTorch's kernel runs them: enable() is off, their dtypes differ or are not ours, or IREE
+    has no device for them (_bridge.iree_device_for)."""
+    if not (_active and all(t.dtype in B.SUPPORTED_DTYPES and t.dtype == tensors[0].dtype for t in tensors)):
+        return None
+    return B.iree_device_for(*tensors)
 
 
 def original(aten: str):

@@ -252,12 +252,17 @@ def _consistent(scale, in_size, out_size) -> bool:
     return math.isfinite(product) and out_size == math.floor(product)
 
 
+def _device_for(t, in_hw, output_size, scales_h, scales_w):
+    """override.device_for(t) where aclnn takes the sizes and scales (`in_hw`: the input's H and
+    W, empty when it has no 4 dimensions), else None: PyTorch's kernel runs."""
+    if len(in_hw) != 2 or len(output_size) != 2 or not (_consistent(scales_h, in_hw[0], output_size[0])
+                                                       and _consistent(scales_w, in_hw[1], output_size[1])):
+        return None
+    return O.device_for(t)
+
+
 def _upsample_kernel(keyset, grad_output, output_size, input_size, align_corners, scales_h=None, scales_w=None):
-    name = None
-    if (O.is_enabled() and grad_output.dtype in B.SUPPORTED_DTYPES and len(output_size) == 2 and len(input_size) == 4
-            and _consistent(scales_h, input_size[2], output_size[0])
-            and _consistent(scales_w, input_size[3], output_size[1])):
-        name = B.iree_device_for(grad_output)
+    name = _device_for(grad_output, input_size[2:] if len(input_size) == 4 else (), output_size, scales_h, scales_w)
     if name is None:
         return O.original(f"aten::{OPERATOR.name}").call_boxed(keyset, grad_output, output_size, input_size,
                                                               align_corners, scales_h, scales_w)
@@ -265,11 +270,7 @@ def _upsample_kernel(keyset, grad_output, output_size, input_size, align_corners
 
 
 def _upsample_forward_kernel(keyset, input, output_size, align_corners, scales_h=None, scales_w=None):
-    name = None
-    if (O.is_enabled() and input.dtype in B.SUPPORTED_DTYPES and input.dim() == 4 and len(output_size) == 2
-            and _consistent(scales_h, input.shape[2], output_size[0])
-            and _consistent(scales_w, input.shape[3], output_size[1])):
-        name = B.iree_device_for(input)
+    name = _device_for(input, input.shape[2:] if input.dim() == 4 else (), output_size, scales_h, scales_w)
     if name is None:
         return O.original(f"aten::{FORWARD.name}").call_boxed(keyset, input, output_size, align_corners, scales_h,
                                                              scales_w)
