@@ -94,6 +94,7 @@ class Kernel:
         refl = self.function.reflection
         const = refl.get("iree.abi.transients.size.constant")
         self.constant_workspace = int(const) if const is not None else None
+        self._invoke = module.context.invoke
         self._sizes = {}  # argument shapes -> workspace bytes (a call of the companion each is ~40 us)
         self._seconds = {}  # argument shapes -> a recent duration of the call (see CallEstimate)
 
@@ -143,8 +144,18 @@ class Kernel:
         """The call that enqueues this kernel on `views` (to start when `wait` is reached and
         signal `signal` when done; it returns at once), as (function, *arguments) for
         Timeline.submit, which makes it."""
-        return (self.module.context.invoke, self.function, self._args(views, workspace, wait, signal),
-                rt.VmVariantList(4))
+        args = rt.VmVariantList(len(views) + 3)
+        for v in views:
+            args.push_ref(v)
+        args.push_ref(workspace)
+        return self.fenced_call(args, wait, signal)
+
+    def fenced_call(self, args: rt.VmVariantList, wait: rt.HalFence, signal: rt.HalFence):
+        """launch_call for `args` already holding the call's buffer views and workspace (a
+        caller that keeps their order: aclnn.Launcher): appends the fences."""
+        args.push_ref(wait)
+        args.push_ref(signal)
+        return self._invoke, self.function, args, rt.VmVariantList(4)
 
     def launch(self, views, workspace: rt.HalBuffer, wait: rt.HalFence, signal: rt.HalFence):
         """Enqueues the call now (launch_call, made here); returns at once.  Outside a

@@ -49,6 +49,8 @@ class Timeline:
         self._expect = None  # (signal value, launch time, Estimate) of the last timed submission
         self._owed = collections.deque()  # _Tickets of interrupted submissions, oldest first
         self._settle_lock = threading.RLock()
+        # A synchronous device's work has run when its queueing call returns: nothing to keep.
+        self._keeps = not device.synchronous
 
     def next_fences(self, keep=()):
         """(wait fence, signal fence, signal value) for the next piece of work, advancing the
@@ -65,7 +67,7 @@ class Timeline:
         no signal handler runs between the two); `keep` stays referenced until it is reached."""
         with self._lock:
             v = self.value + 1
-            if keep:
+            if keep and self._keeps:
                 self._inflight.append((v, keep))
             self.value = ticket.value = v
 
@@ -139,6 +141,8 @@ class Timeline:
         return self.semaphore.query()
 
     def _prune(self):
+        if not self._inflight:  # nothing kept: no need to ask the device (most synchronous calls)
+            return
         try:
             done = self.completed()
         except Exception:  # a failed timeline: keep everything until synchronize
@@ -154,6 +158,10 @@ class Timeline:
         with self._lock:
             v = self.value
             expect, self._expect = self._expect, None
+        if self.device.synchronous:  # its launches ran inside their calls: only a failure to report
+            if self.semaphore.query() >= v:  # raises if the timeline failed
+                self._prune()
+                return
         if expect is not None and expect[0] != v:
             expect = None  # later work was submitted after it: its estimate says nothing
         if self.device.is_host:

@@ -185,17 +185,18 @@ def test_pythonic_call_reuses_its_executor_and_keeps_no_array():
 
 @pytest.mark.parametrize("mask", [(True, True), (True, False), (False, True)])
 def test_kept_calls_replay_on_their_own_memory(device, mask, monkeypatch):
-    """A repeated call skips phase 1 and phase 2's checks: its kept executor is replayed on
-    the call's memory (aclnn.replay), never bound to it, and on every device (results read
-    back from device memory on GPUs) each call gives the float64 reference's result for its
-    own data; the executor's own tensors (the upsample's scales) keep theirs."""
+    """A repeated call skips phase 1, and every call of a kept executor phase 2's checks: it is
+    launched on the call's memory (aclnn.Launcher), never bound to it, and on every device
+    (results read back from device memory on GPUs) each call gives the float64 reference's
+    result for its own data; the executor's own tensors (the upsample's scales) keep theirs."""
     from conftest import on_device
     grid_fn, up_fn = on_device(device)
     monkeypatch.setattr(api._tls, "executors", collections.OrderedDict(), raising=False)  # none kept yet
-    phase2 = []
+    phase1, phase2 = [], []
     for name in ("aclnnGridSampler2DBackward", "aclnnUpsampleBilinear2dBackwardV2"):
-        real = getattr(A, name)
-        monkeypatch.setattr(A, name, (lambda real: lambda *a: phase2.append(1) or real(*a))(real))
+        for calls, fn in ((phase1, name + "GetWorkspaceSize"), (phase2, name)):
+            real = getattr(A, fn)
+            monkeypatch.setattr(A, fn, (lambda real, calls: lambda *a: calls.append(1) or real(*a))(real, calls))
     rng = np.random.default_rng(5)
     go, x, grid = gs_arrays(C=3, seed=31)
     g, _, osz, isz = up_arrays(seed=32)
@@ -211,7 +212,7 @@ def test_kept_calls_replay_on_their_own_memory(device, mask, monkeypatch):
                 assert_close(got, want, np.float32)
         assert_close(up_fn(g, osz, isz, False, 1.7, None),
                      R.upsample_bilinear2d_backward(g.astype(np.float64), osz, isz, False, 1.7, None), np.float32)
-    assert len(phase2) == 2  # the first call of each signature; the others replayed
+    assert len(phase1) == 2 and not phase2  # phase 1 for the first call of each signature; no phase 2
     for ex in _kept().values():
         assert all(t.buffer is None for t in ex.inputs + ex.outputs)
 

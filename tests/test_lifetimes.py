@@ -374,14 +374,14 @@ def test_a_second_interrupt_while_the_first_is_handled_never_wedges_the_stream()
         from aclnn_iree.runtime import device as D, kernels as K
         go = np.ones((1, 1, 4, 4), np.float32)
         api.upsample_bilinear2d_backward(go, (4, 4), (1, 1, 2, 2))  # loaded, executor kept
-        real_launch, real_fill = K.Kernel.launch_call, D.Device.fill_call
+        real_launch, real_fill = K.Kernel.fenced_call, D.Device.fill_call
         def launch_interrupted(self, *a):
-            K.Kernel.launch_call = real_launch
+            K.Kernel.fenced_call = real_launch
             raise KeyboardInterrupt("first")
         def fill_interrupted(self, *a):
             D.Device.fill_call = real_fill
             raise KeyboardInterrupt("second")
-        K.Kernel.launch_call, D.Device.fill_call = launch_interrupted, fill_interrupted
+        K.Kernel.fenced_call, D.Device.fill_call = launch_interrupted, fill_interrupted
         try:
             api.upsample_bilinear2d_backward(go, (4, 4), (1, 1, 2, 2))
         except KeyboardInterrupt as e:

@@ -29,6 +29,7 @@ import contextlib
 import functools
 import threading
 
+import iree.runtime as rt
 import numpy as np
 
 from . import errors as E
@@ -326,7 +327,7 @@ class aclOpExecutor:
         self.destroyed = False
         self.lock = threading.Lock()
         self.estimate = None  # the kernel's CallEstimate for these shapes, made on first launch
-        self.slots = self.own = None  # made by the first replay
+        self.launcher = None  # a Launcher of the kept executor (api._launcher)
         self.refresh()
 
     def refresh(self):
@@ -443,33 +444,60 @@ def _addr_storage(dev, tensor, addr) -> Storage:
     return host_storage(dev, data, tensor.format)
 
 
-def replay(executor, storages, workspace, stream):
-    """For the Pythonic and torch layers, which made `executor` (repeatable, with a kernel)
-    and keep it to one thread: enqueues its kernel on `storages` (tensors.Storage of each of
-    its inputs, then outputs, in aclnn's order, of that tensor's shape and dtype) without
-    binding them to its tensors.  What aclSetInputTensorAddr and phase 2 check holds by
-    construction there (the layer's own tensors, stream and workspace; a stale module is
-    retired by kernels.generation), so this skips them: a kept call's host time is about
-    half of rebinding and running phase 2 (README "Host overhead").  `workspace`: an
-    aclrtBuffer of at least executor.workspace_size bytes, or None when it needs none.  The
-    stream keeps the storages, the executor's own tensors and the workspace until the
-    launch has run.  Raises AclnnError (ACLNN_ERR_RUNTIME_ERROR) when the launch fails."""
-    slots = executor.slots
-    if slots is None:  # where each kernel argument comes from: a call tensor, or the executor's own
-        order = executor.inputs + executor.outputs
-        slots = executor.slots = tuple(next((i for i, t in enumerate(order) if t is b), None)
-                                       for b in executor.bound)
-        executor.own = tuple(b.storage for b, i in zip(executor.bound, slots) if i is None)
-    views = [b.view if i is None else storages[i].view for b, i in zip(executor.bound, slots)]
-    kernel = executor.kernel
-    ws_buffer = executor.device.placeholder if workspace is None else workspace.buffer
+class Launcher:
+    """A kept executor's kernel made ready to run again on `stream`, on new memory of the same
+    shapes, dtypes and formats: what the Pythonic and torch layers' repeated calls run (they
+    made the executor repeatable and keep it to one thread).  What aclSetInputTensorAddr and
+    phase 2 check holds by construction there (the layer's own tensors, stream and
+    workspace; a stale module is retired by kernels.generation), so `run` skips them and
+    passes the call's buffer views straight to the kernel, never binding them to the
+    executor's tensors (README "Host overhead")."""
 
-    def enqueue(wait, signal):
-        return kernel.launch_call(views, ws_buffer, wait, signal)
-    try:
-        stream.submit(enqueue, keep=(storages, executor.own, workspace), estimate=_estimate(executor, kernel, views))
-    except Exception as e:
-        raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, f"launch failed: {e}") from None
+    __slots__ = ("stream", "_timeline", "_sources", "_own", "_kernel", "_estimate", "_arity", "_placeholder")
+
+    def __init__(self, executor, stream):
+        order = executor.inputs + executor.outputs
+        # Where each kernel argument comes from: the call's view at an index of `order`, or
+        # (None) the executor's own tensor (the upsample's scales), whose view it keeps.
+        slots = [next((i for i, t in enumerate(order) if t is b), None) for b in executor.bound]
+        self._sources = tuple((i, b.view if i is None else None) for b, i in zip(executor.bound, slots))
+        self._own = tuple(b.storage for b, (i, _) in zip(executor.bound, self._sources) if i is None)
+        self._kernel = executor.kernel
+        # The kernel's CallEstimate for these shapes (None until the first run), or False on a
+        # synchronous device, whose launch returns when the work is done (nothing to sleep through).
+        self._estimate = False if executor.device.synchronous else None
+        self._arity = len(self._sources) + 3
+        self._placeholder = executor.device.placeholder
+        self.stream, self._timeline = stream, stream.timeline
+
+    def run(self, views, workspace, keep):
+        """Enqueues the kernel on `views` (the buffer views of the executor's inputs, then its
+        outputs, in aclnn's order) and waits for it.  `workspace`: an aclrtBuffer of at
+        least the executor's workspace size, or None when it needs none.  The stream keeps
+        `keep` (what owns the views' memory), the workspace and the executor's own tensors
+        until the launch has run.  Raises AclnnError: ACLNN_ERR_RUNTIME_ERROR when the
+        launch cannot be queued, ACLNN_ERR_INNER when it failed on the device (as
+        aclrtSynchronizeStream reports it)."""
+        args = rt.VmVariantList(self._arity)
+        push = args.push_ref
+        for i, own in self._sources:
+            push(own if i is None else views[i])
+        push(self._placeholder if workspace is None else workspace.buffer)
+        kernel, estimate = self._kernel, self._estimate
+        if estimate is None:  # the first run: its shapes are this signature's
+            estimate = self._estimate = kernel.estimate([own if i is None else views[i] for i, own in self._sources])
+
+        def enqueue(wait, signal):
+            return kernel.fenced_call(args, wait, signal)
+        timeline = self._timeline
+        try:
+            timeline.submit(enqueue, keep=(keep, self._own, workspace), estimate=estimate or None)
+        except Exception as e:
+            raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, f"launch failed: {e}") from None
+        try:
+            timeline.synchronize()
+        except Exception as e:
+            raise AclnnError(E.ACLNN_ERR_INNER, f"{type(e).__name__}: {e}") from None
 
 
 def unbind(executor):

@@ -25,7 +25,8 @@ from ..ops import grid_sampler, grid_sampler_forward, upsample, upsample_forward
 from ..ops.grid_sampler import INTERPOLATION_NAMES, PADDING_NAMES
 
 __all__ = ["grid_sampler_2d_backward", "upsample_bilinear2d_backward", "grid_sampler_2d", "upsample_bilinear2d",
-           "thread_stream", "run_grid_sampler", "run_upsample", "run_grid_sampler_forward", "run_upsample_forward"]
+           "thread_stream", "current_determinism", "run_grid_sampler", "run_upsample", "run_grid_sampler_forward",
+           "run_upsample_forward"]
 
 _tls = threading.local()
 
@@ -226,38 +227,58 @@ def _typed(values) -> tuple:
     return values, tuple(map(type, values))
 
 
-def _run(stream, key, storages, phase1, phase2, read):
+def _run(stream, key, storages, phase1, phase2, read, kept=None):
     """Runs one call: phase 1 and phase 2, or this thread's executor from an earlier call
-    with the same signature `key` (phase 1 is a function of it alone) replayed on this
-    call's memory (aclnn.replay); then waits for it.
+    with the same signature `key` (phase 1 is a function of it alone) launched on this
+    call's memory (aclnn.Launcher); then waits for it.
 
     storages: the call's tensors in aclnn's order (inputs, then outputs), as
     tensors.Storage (a masked-out output without memory: no_storage).  phase1(tensors)
     returns (status, workspaceSize, executor); read(output Storage, device) takes a result once
-    the call has run.  key None: not cached.  Raises AclnnError.
+    the call has run.  key None: not cached.  kept(run): called, when the call's executor is
+    kept, with `run(views, keep)`, which launches it again on other memory of the same
+    signature (views in aclnn's order; `keep` owns their memory) and waits (the torch
+    layer's per-signature plans).  Raises AclnnError.
     """
     ex = _cached_executor(key) if key is not None else None
-    kept = ex is not None
-    if not kept:
+    if ex is None:
         ex = _phase1(stream.device, storages, phase1)
         if key is not None and ex.kernel is not None:  # an empty call is not worth keeping
             _check(A.aclSetAclOpExecutorRepeatable(ex))
             _remember_executor(key, ex)
-    outputs = storages[len(ex.inputs):]  # before a single-use executor's run releases it
-    try:
-        workspace = _workspace(stream, ex.workspace_size) if ex.workspace_size > 0 else None
-        if kept:
-            A.replay(ex, storages, workspace, stream)
-        else:
-            _check(phase2(workspace, ex.workspace_size, ex, stream))
-        _check(A.aclrtSynchronizeStream(stream))
-        return [read(s, stream.device) if s.buffer is not None else None for s in outputs]
-    except AclnnError:
-        _forget_failed_stream(stream)
-        raise
-    finally:
-        if ex.repeatable and not kept:  # a kept executor holds none of the caller's memory
-            A.unbind(ex)
+        else:  # a single-use executor: phase 2 runs it
+            outputs = storages[len(ex.inputs):]  # before its run releases it
+            try:
+                workspace = _workspace(stream, ex.workspace_size) if ex.workspace_size > 0 else None
+                _check(phase2(workspace, ex.workspace_size, ex, stream))
+                _check(A.aclrtSynchronizeStream(stream))
+                return [read(s, stream.device) if s.buffer is not None else None for s in outputs]
+            except AclnnError:
+                _forget_failed_stream(stream)
+                raise
+        A.unbind(ex)  # a kept executor holds none of the caller's memory: the Launcher passes it
+    run = _launcher(ex, stream)
+    run([s.view for s in storages], storages)
+    if kept is not None:
+        kept(run)
+    return [read(s, stream.device) if s.buffer is not None else None for s in storages[len(ex.inputs):]]
+
+
+def _launcher(ex, stream):
+    """run(views, keep) for the kept executor `ex` on `stream`: its aclnn.Launcher with this
+    thread's workspace; a launch failure also forgets the stream (_forget_failed_stream)."""
+    launcher = ex.launcher
+    if launcher is None or launcher.stream is not stream:
+        launcher = ex.launcher = A.Launcher(ex, stream)
+    size, launch = ex.workspace_size, launcher.run
+
+    def run(views, keep):
+        try:
+            launch(views, _workspace(stream, size) if size > 0 else None, keep)
+        except AclnnError:
+            _forget_failed_stream(stream)
+            raise
+    return run
 
 
 def _forget_failed_stream(stream):
@@ -290,16 +311,21 @@ def _result(storage, device):
     return storage.host if storage.host is not None else read_back(storage, device)
 
 
+def current_determinism() -> bool:
+    """The current context's ACL_OPT_DETERMINISTIC (aclnn.aclrtCtxSetSysParamOpt), as a bool."""
+    return bool(A.current_context().options[A.ACL_OPT_DETERMINISTIC])
+
+
 def run_grid_sampler(stream, storages, interpolation_mode, padding_mode, align_corners, output_mask,
-                     deterministic=None, read=_result):
+                     deterministic=None, read=_result, kept=None):
     """aclnnGridSampler2DBackward on `storages` (grad_output, input, grid, grad_input,
     grad_grid; a masked-out output as no_storage), waiting for the result; returns
     [read(grad_input Storage, device) or None, read(grad_grid Storage, device) or None].
 
-    The Pythonic and torch layers share it.  Raises AclnnError.
+    The Pythonic and torch layers share it.  kept: see _run.  Raises AclnnError.
     """
     if deterministic is None:
-        deterministic = bool(A.current_context().options[A.ACL_OPT_DETERMINISTIC])
+        deterministic = current_determinism()
     key = _signature(grid_sampler.OPERATOR.name, stream.device, *((s.shape, s.dtype, s.fmt) for s in storages), *_typed(
         (interpolation_mode, padding_mode, align_corners, deterministic)), tuple(output_mask))
 
@@ -308,10 +334,11 @@ def run_grid_sampler(stream, storages, interpolation_mode, padding_mode, align_c
             return A.aclnnGridSampler2DBackwardGetWorkspaceSize(
                 t[0], t[1], t[2], interpolation_mode, padding_mode, align_corners,
                 A.aclCreateBoolArray(list(output_mask)), t[3], t[4])
-    return _run(stream, key, storages, phase1, A.aclnnGridSampler2DBackward, read)
+    return _run(stream, key, storages, phase1, A.aclnnGridSampler2DBackward, read, kept)
 
 
-def run_upsample(stream, storages, output_size, input_size, align_corners, scales_h, scales_w, read=_result):
+def run_upsample(stream, storages, output_size, input_size, align_corners, scales_h, scales_w, read=_result,
+                 kept=None):
     """aclnnUpsampleBilinear2dBackwardV2 on `storages` (grad_output, grad_input; scales None:
     not given), waiting for the result; returns [read(grad_input Storage, device)].  Raises AclnnError."""
     try:
@@ -326,10 +353,11 @@ def run_upsample(stream, storages, output_size, input_size, align_corners, scale
         return A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
             t[0], osz, isz, align_corners, -1.0 if scales_h is None else scales_h,
             -1.0 if scales_w is None else scales_w, t[1])
-    return _run(stream, key, storages, phase1, A.aclnnUpsampleBilinear2dBackwardV2, read)
+    return _run(stream, key, storages, phase1, A.aclnnUpsampleBilinear2dBackwardV2, read, kept)
 
 
-def run_grid_sampler_forward(stream, storages, interpolation_mode, padding_mode, align_corners, read=_result):
+def run_grid_sampler_forward(stream, storages, interpolation_mode, padding_mode, align_corners, read=_result,
+                             kept=None):
     """aclnnGridSampler2D on `storages` (input, grid, output), waiting for the result; returns
     [read(output Storage, device)].  Raises AclnnError."""
     key = _signature(grid_sampler_forward.OPERATOR.name, stream.device, *((s.shape, s.dtype, s.fmt) for s in storages),
@@ -337,10 +365,10 @@ def run_grid_sampler_forward(stream, storages, interpolation_mode, padding_mode,
 
     def phase1(t):
         return A.aclnnGridSampler2DGetWorkspaceSize(t[0], t[1], interpolation_mode, padding_mode, align_corners, t[2])
-    return _run(stream, key, storages, phase1, A.aclnnGridSampler2D, read)
+    return _run(stream, key, storages, phase1, A.aclnnGridSampler2D, read, kept)
 
 
-def run_upsample_forward(stream, storages, output_size, align_corners, scales_h, scales_w, read=_result):
+def run_upsample_forward(stream, storages, output_size, align_corners, scales_h, scales_w, read=_result, kept=None):
     """aclnnUpsampleBilinear2d on `storages` (input, output; scales None: not given), waiting for
     the result; returns [read(output Storage, device)].  Raises AclnnError."""
     try:
@@ -354,7 +382,7 @@ def run_upsample_forward(stream, storages, output_size, align_corners, scales_h,
         return A.aclnnUpsampleBilinear2dGetWorkspaceSize(
             t[0], _int_array("output_size", output_size), align_corners, -1.0 if scales_h is None else scales_h,
             -1.0 if scales_w is None else scales_w, t[1])
-    return _run(stream, key, storages, phase1, A.aclnnUpsampleBilinear2d, read)
+    return _run(stream, key, storages, phase1, A.aclnnUpsampleBilinear2d, read, kept)
 
 
 def _int_values(name, values) -> tuple:

@@ -97,8 +97,8 @@ def empty_aligned(shape, dtype, alignment: int = 64) -> np.ndarray:
 
 
 # Imported host memory's type and usage, made once (combining the flags costs ~0.7 us a call).
-_HOST_MEMORY = rt.MemoryType.DEVICE_LOCAL | rt.MemoryType.HOST_VISIBLE
-_HOST_USAGE = rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING
+HOST_MEMORY_TYPE = rt.MemoryType.DEVICE_LOCAL | rt.MemoryType.HOST_VISIBLE
+HOST_BUFFER_USAGE = rt.BufferUsage.DEFAULT | rt.BufferUsage.MAPPING
 
 
 def import_or_upload(device: Device, array: np.ndarray) -> rt.HalBuffer:
@@ -111,7 +111,7 @@ def import_or_upload(device: Device, array: np.ndarray) -> rt.HalBuffer:
     if array.nbytes == 0:
         return device.allocate(1)
     if device.is_host:
-        return device.allocator.import_host_allocation(array, _HOST_MEMORY, _HOST_USAGE)
+        return device.allocator.import_host_allocation(array, HOST_MEMORY_TYPE, HOST_BUFFER_USAGE)
     return device.upload(array)
 
 

@@ -36,16 +36,26 @@ def masked(t: Optional[Tensor], like: Tensor) -> Tensor:
     return t if t is not None else like.new_empty(0)
 
 
-def below_autograd(op, *args):
+def _direct() -> bool:
+    """Whether a call may go straight to an op's Python kernel, as its dispatcher would: in eager
+    mode, with no dispatch mode active (FakeTensorMode, FlopCounterMode and the like see the op
+    instead); while dynamo traces, the op (a custom op call in its graph)."""
+    # is_compiling() first: dynamo folds it, and cannot trace the dispatch-stack query
+    return not torch.compiler.is_compiling() and not torch._C._len_torch_dispatch_stack()
+
+
+def below_autograd(op, kernel, *args):
     """Calls one of our ops from an autograd formula or an autograd.Function's forward.  With
-    grad mode off (a first-order backward; any Function.forward) below the Autograd key: the
-    op's autograd wrapper would only pass the call on, for ~15-70 us of Python here (tiny
-    grid_sample step 525 -> 455 us for the backward ops).  With grad mode on
-    (create_graph=True) through it, so that the double backward formula is recorded; also
-    while dynamo traces (it cannot trace the guard, and its graph is differentiated by
-    AOTAutograd, not by this call)."""
-    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+    grad mode on (create_graph=True) through the op's autograd wrapper, so that the double
+    backward formula is recorded; else (a first-order backward) its Python `kernel` itself
+    where _direct() allows (what the dispatcher would call below the Autograd key: the op's
+    wrapper would only pass the call on, for ~20 us of dispatch and Python here; tiny
+    grid_sample backward 81 -> 50 us), otherwise the op below the Autograd key.  While dynamo
+    traces, the op (its graph is differentiated by AOTAutograd, not by this call)."""
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():  # dynamo cannot trace the guard below
         return op(*args)
+    if _direct():
+        return kernel(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
 
@@ -59,11 +69,11 @@ def below_autograd(op, *args):
 # arguments with inspect.signature on every call, another ~60 us); torch.compile traces either,
 # and the compiled backward graph holds our backward ops all the same (tests/test_torch.py).
 def autograd_function(name, forward_op, kernel, setup_context, backward):
-    """An autograd.Function: our forward op `forward_op`, then the op's setup_context.  In eager
-    mode the op's Python `kernel` itself (what its dispatcher would call: ~8 us less a call);
-    while dynamo traces, the op (a custom op call in its graph)."""
+    """An autograd.Function: our forward op `forward_op`, then the op's setup_context.  Where
+    _direct() allows, the op's Python `kernel` itself (what its dispatcher would call: ~8 us
+    less a call), else the op."""
     def forward(ctx, *inputs):
-        output = forward_op(*inputs) if torch.compiler.is_compiling() else kernel(*inputs)
+        output = kernel(*inputs) if _direct() else forward_op(*inputs)
         setup_context(ctx, inputs, output)
         return output
     return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),

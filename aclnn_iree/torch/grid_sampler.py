@@ -30,30 +30,46 @@ def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, pa
                           output_mask):
     """(grad_input, grad_grid) on IREE device `name`: torch tensors over the memory the kernel
     wrote; a masked-out gradient is None.  Inputs are made contiguous (the kernels read NCHW:
-    a channels_last or strided input is copied once).  Raises AclnnError."""
+    a channels_last or strided input is copied once).  A repeated signature runs its Plan
+    (_bridge).  Raises AclnnError."""
     go, x, g = (t.contiguous() for t in (grad_output, input, grid))
-    run = B.Launch(OPERATOR.call_device(name, go.numel() + x.numel()), (go, x, g))
-    mask = [bool(m) for m in output_mask]
+    mode, padding, align_corners = int(interpolation_mode), int(padding_mode), bool(align_corners)
+    mask = (bool(output_mask[0]), bool(output_mask[1]))
+    key = (OPERATOR.name, name, go.shape, x.shape, g.shape, go.dtype, x.dtype, g.dtype, mode, padding, align_corners, mask,
+           api.current_determinism())
     # empty_like: a third of torch.empty's host time with shape, dtype and device spelled out
     outs = [torch.empty_like(like, memory_format=torch.contiguous_format) if m else None
             for like, m in ((x, mask[0]), (g, mask[1]))]
+    plan = B.plan(key)
+    if plan is not None and plan((go, x, g), outs):
+        return tuple(outs)
+    run = B.Launch(OPERATOR.call_device(name, go.numel() + x.numel()), (go, x, g))
     storages = [run.storage(go), run.storage(x), run.storage(g)]
     storages += [run.storage(t, output=True) if t is not None
                  else no_storage(like.shape, B.numpy_dtype(like.dtype)) for t, like in ((outs[0], x), (outs[1], g))]
-    return tuple(api.run_grid_sampler(run.stream, storages, int(interpolation_mode), int(padding_mode),
-                                      bool(align_corners), mask, read=B.reader(t for t in outs if t is not None)))
+    return tuple(api.run_grid_sampler(run.stream, storages, mode, padding, align_corners, list(mask),
+                                      read=B.reader(t for t in outs if t is not None),
+                                      kept=B.planner(key, run, x.dtype)))
 
 
 def grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, align_corners):
     """grid_sample's forward on IREE device `name`: a torch tensor over the memory the kernel
-    wrote.  Inputs are made contiguous (the kernels read NCHW).  Raises AclnnError."""
+    wrote.  Inputs are made contiguous (the kernels read NCHW).  A repeated signature runs its
+    Plan (_bridge).  Raises AclnnError."""
     x, g = input.contiguous(), grid.contiguous()
+    mode, padding, align_corners = int(interpolation_mode), int(padding_mode), bool(align_corners)
+    key = (FORWARD.name, name, x.shape, g.shape, x.dtype, g.dtype, mode, padding, align_corners)
+    plan = B.plan(key)
+    if plan is not None:
+        out = torch.empty((x.shape[0], x.shape[1], g.shape[1], g.shape[2]), dtype=x.dtype)
+        if plan((x, g), (out,)):
+            return out
     shape = (x.shape[0], x.shape[1], g.shape[1], g.shape[2]) if x.dim() == 4 and g.dim() == 4 else (0, 0, 0, 0)
     out = torch.empty(shape, dtype=x.dtype, device=x.device)  # an invalid call: phase 1 says why
     run = B.Launch(FORWARD.call_device(name, out.numel()), (x, g))
     storages = [run.storage(x), run.storage(g), run.storage(out, output=True)]
-    api.run_grid_sampler_forward(run.stream, storages, int(interpolation_mode), int(padding_mode),
-                                 bool(align_corners), read=B.reader([out]))
+    api.run_grid_sampler_forward(run.stream, storages, mode, padding, align_corners, read=B.reader([out]),
+                                 kept=B.planner(key, run, x.dtype))
     return out
 
 
@@ -150,7 +166,7 @@ def _grid_setup(ctx, inputs, output):
 def _grid_backward(ctx, grad):
     input, grid = ctx.saved_tensors
     mask = [bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])]
-    dx, dg = L.below_autograd(torch.ops.aclnn_iree.grid_sampler_2d_backward, grad, input, grid, *ctx.args, mask)
+    dx, dg = L.below_autograd(torch.ops.aclnn_iree.grid_sampler_2d_backward, grid_sampler_2d_backward, grad, input, grid, *ctx.args, mask)
     return (dx if mask[0] else None), (dg if mask[1] else None), None, None, None
 
 

@@ -28,12 +28,20 @@ __all__ = ["upsample_bilinear2d_backward", "upsample_bilinear2d", "interpolate",
 def upsample_backward(name, grad_output, output_size, input_size, align_corners, scales_h, scales_w):
     """grad_input of upsample_bilinear2d on IREE device `name`, in grad_output's memory format:
     a channels_last grad_output takes the NHWC kernel and gives a channels_last gradient,
-    any other the NCHW one (a strided grad_output is copied once).  Raises AclnnError."""
+    any other the NCHW one (a strided grad_output is copied once).  A repeated signature
+    runs its Plan (_bridge).  Raises AclnnError."""
     nhwc = B.is_channels_last(grad_output)
     fmt = torch.channels_last if nhwc else torch.contiguous_format
     go = grad_output.contiguous(memory_format=fmt)
     N, C, H, W = (int(v) for v in input_size)
+    osz = (int(output_size[0]), int(output_size[1])) if len(output_size) == 2 else tuple(map(int, output_size))
+    align_corners = bool(align_corners)
+    key = (OPERATOR.name, name, go.shape, go.dtype, nhwc, osz, (N, C, H, W), align_corners, scales_h, scales_w)
     out = torch.empty((N, C, H, W), dtype=go.dtype, device=go.device, memory_format=fmt)
+    plan = B.plan(key)
+    if plan is not None and (plan((go.permute(0, 2, 3, 1),), (out.permute(0, 2, 3, 1),)) if nhwc
+                             else plan((go,), (out,))):
+        return out
     run = B.Launch(OPERATOR.call_device(name, go.numel() + out.numel(), call_kind(go.shape, out.shape)), (go,))
     if nhwc:  # the kernels take NHWC as (N, H, W, C) arrays, C fastest
         storages = [run.storage(go.permute(0, 2, 3, 1), "NHWC"), run.storage(out.permute(0, 2, 3, 1), "NHWC", True)]
@@ -42,19 +50,27 @@ def upsample_backward(name, grad_output, output_size, input_size, align_corners,
         storages, isz = [run.storage(go, "NCHW"), run.storage(out, "NCHW", True)], (N, C, H, W)
     # A result read back from device memory (a GPU device for CPU tensors) is in the kernel's
     # layout: NHWC goes into the channels_last tensor through its (N, H, W, C) view.
-    api.run_upsample(run.stream, storages, [int(v) for v in output_size], isz, bool(align_corners), scales_h,
-                     scales_w, read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]))
+    api.run_upsample(run.stream, storages, list(osz), isz, align_corners, scales_h, scales_w,
+                     read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]), kept=B.planner(key, run, go.dtype))
     return out
 
 
 def upsample_forward(name, input, output_size, align_corners, scales_h, scales_w):
     """upsample_bilinear2d on IREE device `name`, in input's memory format: a channels_last
     input takes the NHWC kernel and gives a channels_last output, any other the NCHW one (a
-    strided input is copied once).  Raises AclnnError."""
+    strided input is copied once).  A repeated signature runs its Plan (_bridge).  Raises
+    AclnnError."""
     nhwc = B.is_channels_last(input)
     fmt = torch.channels_last if nhwc else torch.contiguous_format
     x = input.contiguous(memory_format=fmt)
-    osz = [int(v) for v in output_size]
+    osz = tuple(int(v) for v in output_size)
+    align_corners = bool(align_corners)
+    key = (FORWARD.name, name, x.shape, x.dtype, nhwc, osz, align_corners, scales_h, scales_w)
+    plan = B.plan(key)
+    if plan is not None:
+        out = torch.empty((x.shape[0], x.shape[1], *osz), dtype=x.dtype, memory_format=fmt)
+        if plan((x.permute(0, 2, 3, 1),), (out.permute(0, 2, 3, 1),)) if nhwc else plan((x,), (out,)):
+            return out
     valid = x.dim() == 4 and len(osz) == 2 and min(osz) >= 0
     shape = (x.shape[0], x.shape[1], *osz) if valid else (0, 0, 0, 0)  # an invalid call: phase 1 says why
     out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
@@ -63,8 +79,9 @@ def upsample_forward(name, input, output_size, align_corners, scales_h, scales_w
         storages = [run.storage(x.permute(0, 2, 3, 1), "NHWC"), run.storage(out.permute(0, 2, 3, 1), "NHWC", True)]
     else:
         storages = [run.storage(x, "NCHW"), run.storage(out, "NCHW", True)]
-    api.run_upsample_forward(run.stream, storages, osz, bool(align_corners), scales_h, scales_w,
-                             read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]))
+    api.run_upsample_forward(run.stream, storages, list(osz), align_corners, scales_h, scales_w,
+                             read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]),
+                             kept=B.planner(key, run, x.dtype))
     return out
 
 
@@ -149,8 +166,8 @@ def _up_setup(ctx, inputs, output):
 
 def _up_backward(ctx, grad):
     output_size, input_size, align_corners, scales_h, scales_w = ctx.args
-    dx = L.below_autograd(torch.ops.aclnn_iree.upsample_bilinear2d_backward, grad, output_size, input_size,
-                      align_corners, scales_h, scales_w)
+    dx = L.below_autograd(torch.ops.aclnn_iree.upsample_bilinear2d_backward, upsample_bilinear2d_backward, grad,
+                      output_size, input_size, align_corners, scales_h, scales_w)
     return dx, None, None, None, None
 
 
