@@ -111,8 +111,9 @@ def test_torch_bench_leaves_out_a_failing_compiled_row(monkeypatch):
     monkeypatch.setattr(bench_torch, "_step", step)
     monkeypatch.setattr(bench_torch, "CASES", [c for c in bench_torch.CASES if c.name in bench_torch.QUICK][:2])
     monkeypatch.setattr(bench_torch, "custom_op_overhead_us",
-                        lambda torch: {"custom_op_us": 2.0, "pythonic_us": 1.0, "overhead_us": 1.0,
-                                       "below_autograd_us": 1.5, "below_autograd_overhead_us": 0.5})
+                        lambda torch: {"iree_us": 0.5, "custom_op_us": 2.0, "pythonic_us": 1.0, "host_us": 1.0,
+                                       "below_autograd_us": 1.5, "custom_op_host_us": 1.5, "step_us": 3.0,
+                                       "torch_step_us": 1.0, "step_ratio": 3.0})
     lines = []
     rows = bench_torch.run_torch_bench(quick=True, repeats=1, out=lines.append)["training_steps"]
     assert len(rows) == 2
@@ -123,18 +124,41 @@ def test_torch_bench_leaves_out_a_failing_compiled_row(monkeypatch):
 
 
 def test_custom_op_overhead_measures_both_paths():
-    """The torch layer's overhead is measured for a direct call of the op and for the call
-    autograd's first-order backward makes (below the op's autograd wrapper), each beside the
-    Pythonic call on the same data; the Pythonic device setting is restored afterwards."""
+    """The torch layer's host cost is measured for a direct call of the op and for the call
+    autograd's first-order backward makes (below the op's autograd wrapper), each over IREE's
+    own invoke and wait of the same kernel (which computes the same gradients), beside the
+    Pythonic call, and a tiny training step beside PyTorch's; the Pythonic device setting is
+    restored afterwards."""
     torch = pytest.importorskip("torch")
     from aclnn_iree.tools import bench_torch
     from aclnn_iree.torch import _bridge
     before = _bridge.get_cpu_device()
     r = bench_torch.custom_op_overhead_us(torch, repeats=3, blocks=2)
-    assert set(r) == {"custom_op_us", "below_autograd_us", "pythonic_us", "overhead_us",
-                      "below_autograd_overhead_us"}
-    assert min(r["custom_op_us"], r["below_autograd_us"], r["pythonic_us"]) > 0
+    assert set(r) == {"iree_us", "custom_op_us", "below_autograd_us", "pythonic_us", "host_us",
+                      "custom_op_host_us", "step_us", "torch_step_us", "step_ratio"}
+    assert min(r["iree_us"], r["custom_op_us"], r["below_autograd_us"], r["pythonic_us"], r["step_us"],
+               r["torch_step_us"], r["step_ratio"]) > 0
+    # every layer does at least IREE's own call (a generous margin for a noisy machine)
+    assert min(r["custom_op_us"], r["below_autograd_us"], r["pythonic_us"]) > 0.8 * r["iree_us"]
     assert _bridge.get_cpu_device() == before
+
+
+def test_iree_floor_computes_the_gradients():
+    """The floor the torch layer's host cost is measured over is a real call of the kernel:
+    on random data its outputs are PyTorch's gradients (float32 bound), and a second call
+    (as the benchmark repeats it) writes them again."""
+    torch = pytest.importorskip("torch")
+    from aclnn_iree.tools import bench_torch
+    rng = np.random.default_rng(3)
+    go, x = rng.standard_normal((2, 1, 1, 4, 4), dtype=np.float32)
+    grid = rng.uniform(-1.2, 1.2, (1, 4, 4, 2)).astype(np.float32)
+    call, (dx, dg) = bench_torch.iree_floor(go, x, grid)
+    want = torch.ops.aten.grid_sampler_2d_backward(torch.from_numpy(go), torch.from_numpy(x), torch.from_numpy(grid),
+                                                   0, 0, False, [True, True])
+    for _ in range(2):
+        call()
+        for got, ref in zip((dx.numpy(), dg.numpy()), want):
+            np.testing.assert_allclose(got, ref.numpy(), rtol=1e-5, atol=1e-5)
 
 
 def test_gpu_transfer_rates_time_both_kinds_of_memory():

@@ -7,13 +7,13 @@ interpolate(mode="bilinear") (w.r.t. input), timed four ways in alternating bloc
 * PyTorch eager (F.grid_sample / F.interpolate);
 * PyTorch with torch.compile (inductor compiles forward and backward; compile time outside
   the timer);
-* ours in eager mode (aclnn_iree.torch.grid_sample / interpolate: PyTorch's forward, our
-  backward);
-* ours under torch.compile (our backward ops stay calls in the compiled backward graph).
+* ours in eager mode (aclnn_iree.torch.grid_sample / interpolate: our forward and backward
+  kernels);
+* ours under torch.compile (our ops stay calls in the compiled forward and backward graphs).
 
-It prints the step times and the ratios (a PyTorch row's time / ours, > 1 means our
-backward makes the step faster), and the overhead of a custom-op call over the Pythonic
-call on a tiny case (microseconds).
+It prints the step times and the ratios (a PyTorch row's time / ours, > 1 means our step
+is faster), then the torch layer's host cost per call over IREE's own invoke and wait, and
+a tiny training step beside PyTorch's (custom_op_overhead_us).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from .bench import BENCHES, CASES, QUICK, _first_line, alternating_medians
 
-__all__ = ["run_torch_bench", "custom_op_overhead_us"]
+__all__ = ["run_torch_bench", "custom_op_overhead_us", "iree_floor"]
 
 
 def _step(case, torch, F, AT, ours: bool, compiled: bool):
@@ -38,45 +38,114 @@ def _step(case, torch, F, AT, ours: bool, compiled: bool):
     return step
 
 
-def custom_op_overhead_us(torch, repeats: int = 200, blocks: int = 10) -> dict:
-    """Microseconds of the tiny 1x1x4x4 grid-sampler backward through the custom op and through
-    the Pythonic call, and the host cost of the torch layer between them: for a direct call
-    of the op ("custom_op_us", "overhead_us"), which passes the op's autograd wrapper (its
-    double-backward formula), and as autograd's first-order backward calls it, below that
-    wrapper ("below_autograd_us", "below_autograd_overhead_us"; _library.below_autograd).
+def iree_floor(grad_output, input, grid):
+    """(call, (grad_input, grad_grid)): `call()` makes the grid-sampler backward (bilinear,
+    zeros, align_corners False, both outputs) on these NumPy arrays on local-sync with IREE's
+    runtime alone: the argument list of the kernel's buffer views (made once, by the aclnn
+    layer's phase 1) and its workspace, the invoke, the wait on its fence.  The floor under
+    any layer's call of that kernel; the two arrays are the aclTensors it writes (their
+    .numpy() after a call)."""
+    import iree.runtime as rt
+    from ..core import aclnn as A
+    tensors = [A.aclCreateTensor(a, device="local-sync") for a in (grad_output, input, grid)]
+    outputs = [A.aclCreateTensor(shape=a.shape, dtype=a.dtype, device="local-sync") for a in (input, grid)]
+    status, size, executor = A.aclnnGridSampler2DBackwardGetWorkspaceSize(
+        *tensors, 0, 0, False, A.aclCreateBoolArray([True, True]), *outputs)
+    if status:
+        raise RuntimeError(f"phase 1 failed ({status}): {A.aclGetRecentErrMsg()}")
+    kernel, dev, views = executor.kernel, executor.device, list(executor.views)
+    ws = A.aclrtMalloc(size, "local-sync")[1].buffer if size else dev.placeholder
+    sem = dev.hal.create_semaphore(0)
+    value = [0]
 
-    Both run on the synchronous CPU device (local-sync): on local-task a tiny call's time is
-    mostly the wake-up of a worker thread, whose jitter on a shared VM hides a difference
-    of microseconds.  `blocks` pairs of adjacent blocks of `repeats` calls (op, Pythonic,
-    op, ...): each call's time is the least of its block medians, the overhead the median
-    of the pairs' differences, so that a drift of the machine's speed between blocks (tens
-    of microseconds on a shared VM) falls on both sides of each difference."""
+    def call():
+        v = value[0] = value[0] + 1
+        args = rt.VmVariantList(len(views) + 3)
+        for view in views:
+            args.push_ref(view)
+        args.push_ref(ws)
+        signal = rt.HalFence.create_at(sem, v)
+        fn, *rest = kernel.fenced_call(args, rt.HalFence.create_at(sem, v - 1), signal)
+        fn(*rest)
+        signal.wait()
+    call.keep = (tensors, executor)  # the executor's tensors own the views' memory
+    return call, outputs
+
+
+def _tiny_step(torch, functional):
+    """One training step on 1x1x4x4: interpolate x2 then grid_sample, forward and backward."""
+    x = torch.randn(1, 1, 4, 4, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    grid = (torch.rand(1, 4, 4, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1).requires_grad_()
+
+    def step():
+        x.grad = grid.grad = None
+        y = functional.interpolate(x, scale_factor=2, mode="bilinear", align_corners=False)
+        functional.grid_sample(y, grid, align_corners=False).sum().backward()
+    return step
+
+
+def custom_op_overhead_us(torch, repeats: int = 200, blocks: int = 10) -> dict:
+    """The torch layer's host cost per call, on the tiny 1x1x4x4 grid-sampler backward
+    (microseconds, local-sync): IREE's own call of the same kernel ("iree_us": the argument
+    list, invoke and fence wait, buffer views made; iree_floor), the call as autograd's
+    first-order backward makes it, below the op's autograd wrapper ("below_autograd_us";
+    _library.below_autograd), a direct call of the custom op, which passes that wrapper
+    ("custom_op_us"), and the Pythonic call ("pythonic_us"); "host_us" and
+    "custom_op_host_us" are the first two's cost over IREE's.  Then a tiny training step
+    (_tiny_step: interpolate and grid_sample on 1x1x4x4, forward and backward) through
+    aclnn_iree.torch and through PyTorch ("step_us", "torch_step_us"; `step_ratio` ours /
+    PyTorch's).
+
+    Local-sync: on local-task a tiny call's time is mostly the wake-up of a worker thread,
+    whose jitter on a shared VM hides a difference of microseconds (the layers run such
+    calls inline anyway: README "Host overhead").  `blocks` rounds of adjacent blocks of
+    `repeats` calls of each arm: each time is the least of its block medians, each cost the
+    median over rounds of the difference within a round, so that a drift of the machine's
+    speed between rounds (tens of microseconds on a shared VM) falls on both sides."""
+    import torch.nn.functional as F
+    import aclnn_iree.torch as AT
     from ..core import api
     from ..torch import _bridge
+    from ..torch import _library as L
+    from ..torch import grid_sampler as GS
     x = torch.ones(1, 1, 4, 4)
     g = torch.zeros(1, 4, 4, 2)
     op = torch.ops.aclnn_iree.grid_sampler_2d_backward
     xn, gn = x.numpy(), g.numpy()
+    floor, _ = iree_floor(xn, xn, gn)
     before = _bridge.get_cpu_device()
     _bridge.set_cpu_device("local-sync")
 
-    def below_autograd():
-        with torch.no_grad(), torch._C._AutoDispatchBelowAutograd():
-            return op(x, x, g, 0, 0, False, [True, True])
+    set_grad = torch._C._set_grad_enabled
+
+    def below_autograd():  # what the backward formula calls; grad mode is off in a backward
+        set_grad(False)    # (torch.no_grad() would add its own ~1.5 us)
+        try:
+            return L.below_autograd(op, GS.grid_sampler_2d_backward, x, x, g, 0, 0, False, [True, True])
+        finally:
+            set_grad(True)
 
     try:
-        fns = {"op": lambda: op(x, x, g, 0, 0, False, [True, True]), "below": below_autograd,
-               "pythonic": lambda: api.grid_sampler_2d_backward(xn, xn, gn, device="local-sync")}
-        pairs = [alternating_medians(fns, repeats, blocks=1, warmup=20) for _ in range(blocks)]
+        calls = {"iree": floor, "below": below_autograd,
+                 "op": lambda: op(x, x, g, 0, 0, False, [True, True]),
+                 "pythonic": lambda: api.grid_sampler_2d_backward(xn, xn, gn, device="local-sync")}
+        rounds = [alternating_medians(calls, repeats, blocks=1, warmup=20) for _ in range(blocks)]
+        steps = {"ours": _tiny_step(torch, AT), "torch": _tiny_step(torch, F)}
+        step_rounds = [alternating_medians(steps, max(1, repeats // 4), blocks=1, warmup=5)
+                       for _ in range(blocks)]
     finally:
         _bridge.set_cpu_device(before)
 
-    def median_over(key):
-        return 1e6 * float(np.median([p[key] - p["pythonic"] for p in pairs]))
-    return {"custom_op_us": 1e6 * min(p["op"] for p in pairs),
-            "below_autograd_us": 1e6 * min(p["below"] for p in pairs),
-            "pythonic_us": 1e6 * min(p["pythonic"] for p in pairs),
-            "overhead_us": median_over("op"), "below_autograd_overhead_us": median_over("below")}
+    def over_iree(key):
+        return 1e6 * float(np.median([r[key] - r["iree"] for r in rounds]))
+    return {"iree_us": 1e6 * min(r["iree"] for r in rounds),
+            "below_autograd_us": 1e6 * min(r["below"] for r in rounds),
+            "custom_op_us": 1e6 * min(r["op"] for r in rounds),
+            "pythonic_us": 1e6 * min(r["pythonic"] for r in rounds),
+            "host_us": over_iree("below"), "custom_op_host_us": over_iree("op"),
+            "step_us": 1e6 * min(r["ours"] for r in step_rounds),
+            "torch_step_us": 1e6 * min(r["torch"] for r in step_rounds),
+            "step_ratio": float(np.median([r["ours"] / r["torch"] for r in step_rounds]))}
 
 
 def run_torch_bench(quick=False, threads=2, repeats=10, out=print) -> dict:
@@ -131,8 +200,11 @@ def run_torch_bench(quick=False, threads=2, repeats=10, out=print) -> dict:
         for name, err in failed.items():
             out(f"  warning: {name.replace('_', ' + ')} failed on this case and is left out of it: {err}")
     overhead = custom_op_overhead_us(torch)
-    out(f"custom-op call {overhead['custom_op_us']:.0f} us vs the Pythonic call {overhead['pythonic_us']:.0f} us "
-        f"on 1x1x4x4 (local-sync): {overhead['overhead_us']:.0f} us of torch layer; as autograd's backward calls "
-        f"it (below its autograd wrapper) {overhead['below_autograd_us']:.0f} us, "
-        f"{overhead['below_autograd_overhead_us']:.0f} us of torch layer")
+    o = overhead
+    out(f"host cost per call, 1x1x4x4 grid-sampler backward on local-sync: IREE's invoke and wait "
+        f"{o['iree_us']:.1f} us; as autograd's backward calls our op {o['below_autograd_us']:.1f} us "
+        f"({o['host_us']:.1f} us over IREE's), the custom op called directly {o['custom_op_us']:.1f} us "
+        f"({o['custom_op_host_us']:.1f} us over), the Pythonic call {o['pythonic_us']:.1f} us")
+    out(f"tiny training step (1x1x4x4 interpolate x2 + grid_sample, forward + backward): ours "
+        f"{o['step_us']:.0f} us, PyTorch's {o['torch_step_us']:.0f} us ({o['step_ratio']:.2f}x PyTorch's time)")
     return {"training_steps": rows, "custom_op_overhead": overhead, "threads": threads}

@@ -212,30 +212,33 @@ class Plan:
     AclnnError when the launch fails, and is then forgotten (the stream it launched on
     failed for good: the next call takes the general path, which makes a new one)."""
 
-    __slots__ = ("_key", "_run", "_generation", "_from_dlpack", "_import", "_element_type")
+    __slots__ = ("_key", "_run", "_generation", "_from_dlpack", "_import", "_element_type", "_host")
 
     def __init__(self, key, run, device, dtype):
         self._key, self._run, self._generation = key, run, kernels.generation
         self._from_dlpack = device.hal.from_dlpack_capsule
         self._import = device.allocator.import_host_allocation
         self._element_type = element_type(numpy_dtype(dtype))
+        # An output's NumPy array: torch.empty's tensors need no detach (_numpy_view's)
+        self._host = _numpy_view if dtype == torch.bfloat16 else torch.Tensor.numpy
 
     def __call__(self, inputs, outputs) -> bool:
         if self._generation != kernels.generation:
             return False
         views = []
-        for t in inputs:  # imported in place (_storage)
+        from_dlpack = self._from_dlpack
+        for t in inputs:  # imported in place (_storage); to_dlpack takes a tensor that requires grad
             if t.data_ptr() % 64 or not t.numel():
                 return False
-            views.append(self._from_dlpack(to_dlpack(t.detach())))
+            views.append(from_dlpack(to_dlpack(t)))
+        host, element = self._host, self._element_type
         for t in outputs:  # host imports: the kernels' whole overwrites need DISCARD_WRITE (_storage)
             if t is None:
                 views.append(None)
                 continue
             if t.data_ptr() % HOST_ALIGNMENT or not t.numel():
                 return False
-            buffer = self._import(_numpy_view(t), HOST_MEMORY_TYPE, HOST_BUFFER_USAGE)
-            views.append(HalBufferView(buffer, t.shape, self._element_type))
+            views.append(HalBufferView(self._import(host(t), HOST_MEMORY_TYPE, HOST_BUFFER_USAGE), t.shape, element))
         try:
             self._run(views, (inputs, outputs))
         except AclnnError:
