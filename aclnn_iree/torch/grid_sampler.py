@@ -47,9 +47,10 @@ def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, pa
     storages = [run.storage(go), run.storage(x), run.storage(g)]
     storages += [run.storage(t, output=True) if t is not None
                  else no_storage(like.shape, B.numpy_dtype(like.dtype)) for t, like in ((outs[0], x), (outs[1], g))]
-    return tuple(api.run_grid_sampler(run.stream, storages, mode, padding, align_corners, list(mask),
-                                      read=B.reader(t for t in outs if t is not None),
-                                      kept=B.planner(key, run, x.dtype)))
+    with run.recorded(OPERATOR):
+        return tuple(api.run_grid_sampler(run.stream, storages, mode, padding, align_corners, list(mask),
+                                          read=B.reader(t for t in outs if t is not None),
+                                          kept=B.planner(key, run, x.dtype)))
 
 
 def grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, align_corners):
@@ -68,8 +69,9 @@ def grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, al
     out = torch.empty(shape, dtype=x.dtype, device=x.device)  # an invalid call: phase 1 says why
     run = B.Launch(FORWARD.call_device(name, out.numel()), (x, g))
     storages = [run.storage(x), run.storage(g), run.storage(out, output=True)]
-    api.run_grid_sampler_forward(run.stream, storages, mode, padding, align_corners, read=B.reader([out]),
-                                 kept=B.planner(key, run, x.dtype))
+    with run.recorded(FORWARD):
+        api.run_grid_sampler_forward(run.stream, storages, mode, padding, align_corners, read=B.reader([out]),
+                                     kept=B.planner(key, run, x.dtype))
     return out
 
 

@@ -50,8 +50,9 @@ def upsample_backward(name, grad_output, output_size, input_size, align_corners,
         storages, isz = [run.storage(go, "NCHW"), run.storage(out, "NCHW", True)], (N, C, H, W)
     # A result read back from device memory (a GPU device for CPU tensors) is in the kernel's
     # layout: NHWC goes into the channels_last tensor through its (N, H, W, C) view.
-    api.run_upsample(run.stream, storages, list(osz), isz, align_corners, scales_h, scales_w,
-                     read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]), kept=B.planner(key, run, go.dtype))
+    with run.recorded(OPERATOR):
+        api.run_upsample(run.stream, storages, list(osz), isz, align_corners, scales_h, scales_w,
+                         read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]), kept=B.planner(key, run, go.dtype))
     return out
 
 
@@ -79,9 +80,10 @@ def upsample_forward(name, input, output_size, align_corners, scales_h, scales_w
         storages = [run.storage(x.permute(0, 2, 3, 1), "NHWC"), run.storage(out.permute(0, 2, 3, 1), "NHWC", True)]
     else:
         storages = [run.storage(x, "NCHW"), run.storage(out, "NCHW", True)]
-    api.run_upsample_forward(run.stream, storages, list(osz), align_corners, scales_h, scales_w,
-                             read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]),
-                             kept=B.planner(key, run, x.dtype))
+    with run.recorded(FORWARD):
+        api.run_upsample_forward(run.stream, storages, list(osz), align_corners, scales_h, scales_w,
+                                 read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]),
+                                 kept=B.planner(key, run, x.dtype))
     return out
 
 
