@@ -35,7 +35,7 @@ from .key import artifact_key, host_cpu, sha256_hex
 from .reflect import module_exports, ptxas_report
 from .render import render, template_files
 
-__all__ = ["ArtifactStore", "BuildResult", "target_folder"]
+__all__ = ["ArtifactStore", "BuildResult", "calls_record", "target_folder"]
 
 MANIFEST = "manifest.json"
 # A manifest of every module of every target is about 1 MiB; anything past this is not one.
@@ -50,6 +50,27 @@ _process_locks: dict = {}  # store root -> threading.Lock (one writer thread per
 def _process_lock(root: str) -> threading.Lock:
     with _manifest_lock:
         return _process_locks.setdefault(root, threading.Lock())
+
+
+def calls_record(spec, target, exports: dict) -> dict:
+    """A module's manifest "calls" record (docs/embedding.md): the spec's rules and function
+    arguments (spec.calls) with each function's workspace from the module's reflection
+    (`exports`, reflect.module_exports): "bytes", the size when the module declares it
+    constant (`iree.abi.transients.size.constant`), else None; and "size_function", the
+    `_transients_size` companion that returns it (i64) for the function's own arguments,
+    of which it reads only the tensors' shapes (and the device): the workspace and the
+    fences may be null (`(null)` in iree-run-module)."""
+    calls = spec.calls(target)
+    for name, function in calls["functions"].items():
+        export = exports.get(name) or {}
+        constant = export.get("transients_size_constant")
+        size_name = export.get("transients_size_function") or name + "_transients_size"
+        function["workspace"] = {
+            "bytes": int(constant) if constant is not None else None,
+            "size_function": {"name": size_name, "arguments": [a["name"] for a in function["arguments"]],
+                              "null_arguments": ["workspace", "wait_fence", "signal_fence"], "result": "i64"}
+            if size_name in exports else None}
+    return calls
 
 
 def target_folder(target) -> str:
@@ -161,6 +182,36 @@ class ArtifactStore:
             m["compiler_version"] = compiler_version()
             atomic_write(os.path.join(self.root, MANIFEST), json.dumps(m, indent=1, sort_keys=True).encode())
 
+    def _refresh_calls(self, pairs):
+        """Brings the "calls" record (calls_record) of valid artifacts up to date without
+        compiling: it depends on the specialisation and the module's recorded exports only, so
+        a module built before the record existed, or before its rules changed, gets it from
+        the next `build`.  Writes the manifest only when a record differs, and only into the
+        entry it was computed from (the same key), under the store's lock."""
+        updates = {}
+        for spec, target in pairs:
+            entry = self._entry(spec, target)
+            if isinstance(entry, dict) and isinstance(entry.get("exports"), dict):
+                calls = calls_record(spec, target, entry["exports"])
+                if entry.get("calls") != calls:
+                    updates[self.artifact_id(spec, target)] = (entry.get("key"), calls)
+        if not updates:
+            return
+        try:
+            with _process_lock(self.root), self.lock():
+                m = self.manifest()
+                changed = False
+                for aid, (key, calls) in updates.items():
+                    entry = m["artifacts"].get(aid)
+                    if isinstance(entry, dict) and entry.get("key") == key:
+                        entry["calls"] = calls
+                        changed = True
+                if changed:
+                    atomic_write(os.path.join(self.root, MANIFEST), json.dumps(m, indent=1, sort_keys=True).encode())
+        except OSError as e:  # a store this user may read but not write: its modules still load
+            warnings.warn(f"cannot add the \"calls\" records to {os.path.join(self.root, MANIFEST)}: "
+                          f"{os_error_text(e)}", RuntimeWarning, stacklevel=3)
+
     @staticmethod
     def artifact_id(spec, target) -> str:
         return f"{target_folder(target)}/{spec.kernel_name}"
@@ -254,6 +305,8 @@ class ArtifactStore:
             "template_params": spec.template_params(target),
             "functions": functions,
             "exports": exports,
+            # which function a call takes and its arguments, for hosts without this package
+            "calls": calls_record(spec, target, exports),
             "target": target.name,
             "target_arch": target.arch,
             "driver": target.driver,
@@ -304,13 +357,15 @@ class ArtifactStore:
 
         t0 = time.perf_counter()
         res = BuildResult()
-        todo = []
+        todo, reused = [], []
         for t in targets:
             for s in specs:
                 if self.lookup(s, t) is not None:
                     res.reused += 1
+                    reused.append((s, t))
                 else:
                     todo.append((s, t))
+        self._refresh_calls(reused)
         if todo:
             require_compiler()  # say it once, not once per module
 

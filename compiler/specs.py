@@ -57,10 +57,41 @@ GPU_POINT_CHUNK = 16384
 # Channels one invocation of the GPU dgrid sums before the ordered block reduction.
 GPU_CHANNEL_BLOCK = 256
 
+# The manifest's "calls" record of a module (each spec's `calls(target)`, completed with the
+# workspace by compiler.build.calls_record; docs/embedding.md): which exported function the
+# runtime calls for a call's shapes and output mask, and each function's arguments in order,
+# for hosts that have only the modules, the manifest and IREE's runtime.
+CALLS_SCHEMA = 1
+# The arguments after the tensors: the workspace (iree.abi.transients) and the coarse-fences ABI's fences.
+_WORKSPACE_AND_FENCES = ({"name": "workspace", "role": "workspace", "type": "!hal.buffer"},
+                         {"name": "wait_fence", "role": "wait_fence", "type": "!hal.fence"},
+                         {"name": "signal_fence", "role": "signal_fence", "type": "!hal.fence"})
+# The scales argument of the upsample modules: (rh, rw), what aclnn_iree.ops.upsample.upsample_scale gives.
+_SCALES_VALUE = ("(rh, rw): for each axis, (in, out) = (H, H_out) then (W, W_out): 1 if in == out; else with "
+                 "align_corners (in - 1) / (out - 1), or 0 if out == 1; else 1 / scale for a given scale > 0, "
+                 "else in / out; computed in the scales' dtype")
+
+
+def _tensor_arg(name, shape, dtype, output=None) -> dict:
+    """One tensor argument of a "calls" record: its shape in the record's dims (or integers)."""
+    arg = {"name": name, "role": "input" if output is None else "output", "shape": list(shape), "dtype": dtype}
+    if output is not None:
+        arg["output_index"] = output
+    return arg
+
+
+def _calls(dims: dict, rules: list, signatures: dict) -> dict:
+    """A "calls" record: `dims` {symbol: [argument, axis]}; `rules` in order (the first whose
+    "when" holds is the call); `signatures` {function: its tensor arguments}."""
+    functions = {name: {"arguments": [*args, *(dict(a) for a in _WORKSPACE_AND_FENCES)],
+                        "results": [a["name"] for a in args if a["role"] == "output"]}
+                 for name, args in signatures.items()}
+    return {"schema": CALLS_SCHEMA, "dims": dims, "rules": rules, "functions": functions}
+
 
 @dataclasses.dataclass(frozen=True)
 class DTypeInfo:
-    """How one storage dtype is computed (SPEC part A, decision 4).
+    """How one storage dtype is computed (docs/semantics.md#half-precision-accumulates-in-float32).
 
     `storage` is the MLIR element type of the tensors, `compute` the type of
     all arithmetic (f32 for f16/bf16), `accum` the element type dx is
@@ -183,6 +214,42 @@ class GridSamplerSpec(KernelSpec):
             names += (self.kernel_name + "_dgrid_points", self.kernel_name + "_points")
         return names
 
+    def calls(self, target=None) -> dict:
+        """The manifest's "calls" record of the module for `target` (default: a CPU target):
+        function_name's choice and aclnn_iree.ops.grid_sampler.bind's (nothing to compute,
+        zero-filled outputs) as rules over the output mask, the shapes and the host's
+        `deterministic` (aclnn's ACL_OPT_DETERMINISTIC), first match wins; and each
+        function's arguments (tests/test_embedding.py checks that they agree)."""
+        dt, gpu = self.dtype, target is not None and target.is_gpu
+        inputs = [_tensor_arg("gradOutput", ("N", "C", "H_out", "W_out"), dt),
+                  _tensor_arg("input", ("N", "C", "H", "W"), dt), _tensor_arg("grid", ("N", "H_out", "W_out", 2), dt)]
+        output_shapes = {"inputGrad": ("N", "C", "H", "W"), "gridGrad": ("N", "H_out", "W_out", 2)}
+        rules = [{"when": {"output_mask": [False, False]}, "function": None, "zero_fill": []}]
+        signatures = {}
+        for mask in ((True, True), (True, False), (False, True)):
+            written = [name for name, m in zip(output_shapes, mask) if m]
+            args = inputs + [_tensor_arg(name, output_shapes[name], dt, output=i) for i, name in enumerate(written)]
+            when = {"output_mask": list(mask)}
+            rules.append({"when": {**when, "any_zero": ["N", "C", "H_out", "W_out"]}, "function": None,
+                          "zero_fill": written})
+            forms = []
+            if gpu and mask[0]:
+                forms.append(({"deterministic": True}, "_deterministic"))
+            if not gpu and self.interpolation_mode != "nearest":
+                points = (range(0, DGRID_POINTS_MAX_CHANNELS + 1) if mask == (False, True)
+                          else SPLIT_POINTS_CHANNELS if mask == (True, True) else range(0))
+                assert points.step == 1
+                if len(points):
+                    forms.append(({"range": {"C": [points.start, points.stop - 1]}}, "_points"))
+            forms.append(({}, ""))
+            base = self.function_name(mask, target=target)
+            for condition, suffix in forms:
+                rules.append({"when": {**when, **condition}, "function": base + suffix})
+                signatures[base + suffix] = args
+        dims = {"N": ["input", 0], "C": ["input", 1], "H": ["input", 2], "W": ["input", 3],
+                "H_out": ["grid", 1], "W_out": ["grid", 2]}
+        return _calls(dims, rules, signatures)
+
     @classmethod
     def enumerate(cls, dtypes) -> Iterator["GridSamplerSpec"]:
         """Every specialisation of the operator in `dtypes`."""
@@ -232,6 +299,31 @@ class UpsampleSpec(KernelSpec):
     def function_names(self, target=None) -> tuple:
         return (self.kernel_name, self.kernel_name + "_same_size")
 
+    def _layout_shape(self, h, w) -> tuple:
+        return ("N", h, w, "C") if self.layout == "NHWC" else ("N", "C", h, w)
+
+    def _scales_arg(self) -> dict:
+        arg = _tensor_arg("scales", (2,), "float64" if self.dtype == "float64" else "float32")
+        arg["value"] = _SCALES_VALUE
+        return arg
+
+    def calls(self, target=None) -> dict:
+        """The manifest's "calls" record (see GridSamplerSpec.calls): function_name's choice and
+        aclnn_iree.ops.upsample.bind's (empty tensors: out zero-filled)."""
+        dt = self.dtype
+        args = [_tensor_arg("gradOut", self._layout_shape("H_out", "W_out"), dt), self._scales_arg(),
+                _tensor_arg("out", self._layout_shape("H", "W"), dt, output=0)]
+        rules = [{"when": {"any_zero": ["N", "C"]}, "function": None, "zero_fill": ["out"]},
+                 {"when": {"equal": [["H", "H_out"], ["W", "W_out"]]}, "function": self.function_name(same_size=True)},
+                 {"when": {}, "function": self.function_name()}]
+        return _calls(self._layout_dims("out", "gradOut"), rules, {r["function"]: args for r in rules[1:]})
+
+    def _layout_dims(self, full, resized) -> dict:
+        """{symbol: [argument, axis]}: N, C, H, W from `full`, H_out, W_out from `resized`."""
+        h, w, c = (1, 2, 3) if self.layout == "NHWC" else (2, 3, 1)
+        return {"N": [full, 0], "C": [full, c], "H": [full, h], "W": [full, w], "H_out": [resized, h],
+                "W_out": [resized, w]}
+
     @classmethod
     def enumerate(cls, dtypes) -> Iterator["UpsampleSpec"]:
         """Every specialisation of the operator in `dtypes`."""
@@ -269,6 +361,18 @@ class GridSampler2dSpec(GridSamplerSpec):
     def function_names(self, target=None) -> tuple:
         return (self.kernel_name,)
 
+    def calls(self, target=None) -> dict:
+        """The manifest's "calls" record (see GridSamplerSpec.calls): one function;
+        aclnn_iree.ops.grid_sampler_forward.bind calls nothing for an empty output."""
+        dt = self.dtype
+        args = [_tensor_arg("input", ("N", "C", "H", "W"), dt), _tensor_arg("grid", ("N", "H_out", "W_out", 2), dt),
+                _tensor_arg("out", ("N", "C", "H_out", "W_out"), dt, output=0)]
+        rules = [{"when": {"any_zero": ["N", "C", "H_out", "W_out"]}, "function": None, "zero_fill": []},
+                 {"when": {}, "function": self.function_name()}]
+        dims = {"N": ["input", 0], "C": ["input", 1], "H": ["input", 2], "W": ["input", 3],
+                "H_out": ["grid", 1], "W_out": ["grid", 2]}
+        return _calls(dims, rules, {self.function_name(): args})
+
 
 @dataclasses.dataclass(frozen=True)
 class UpsampleBilinear2dSpec(UpsampleSpec):
@@ -283,6 +387,16 @@ class UpsampleBilinear2dSpec(UpsampleSpec):
 
     def function_names(self, target=None) -> tuple:
         return (self.kernel_name,)
+
+    def calls(self, target=None) -> dict:
+        """The manifest's "calls" record (see GridSamplerSpec.calls): one function;
+        aclnn_iree.ops.upsample_forward.bind calls nothing for an empty output."""
+        dt = self.dtype
+        args = [_tensor_arg("self", self._layout_shape("H", "W"), dt), self._scales_arg(),
+                _tensor_arg("out", self._layout_shape("H_out", "W_out"), dt, output=0)]
+        rules = [{"when": {"any_zero": ["N", "C"]}, "function": None, "zero_fill": []},
+                 {"when": {}, "function": self.function_name()}]
+        return _calls(self._layout_dims("self", "out"), rules, {self.function_name(): args})
 
 
 Spec = Union[GridSamplerSpec, UpsampleSpec, GridSampler2dSpec, UpsampleBilinear2dSpec]
