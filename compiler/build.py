@@ -3,8 +3,8 @@
 The key (key.py), module reflection (reflect.py) and shared-file handling (files.py) are
 modules of their own.
 
-Layout of a store directory (one vmfb per specialisation and target, see README
-"Module granularity"):
+Layout of a store directory (one vmfb per specialisation and target, see
+docs/build.md):
 
     <dir>/<target>/<kernel_name>.vmfb    the module
     <dir>/<target>/<kernel_name>.mlir    its rendered source

@@ -1,7 +1,7 @@
 """Compiles rendered MLIR to a vmfb with the iree-compile tool of iree-base-compiler.
 
 The compiler is optional at run time: a machine with prebuilt artifacts needs only
-iree-base-runtime (README "Running without the compiler"), so a missing compiler is
+iree-base-runtime (docs/build.md#running-without-the-compiler), so a missing compiler is
 an error only when a compile is asked for.
 """
 from __future__ import annotations

@@ -41,12 +41,12 @@ UPSAMPLE_SAME_CHUNK = 16384
 # @grid_runs picks it at run time for a smooth grid (vector loads of consecutive taps) and
 # the slot pass (a channel per lane: it pays off on scattered taps once its lanes are full)
 # otherwise.  Both give the same bits.  Measured (2 x C x 250 x 370, 2 threads, random grid):
-# C = 1: 2.1 vs 7.1 ms, 8: 6.1 vs 10.9 ms, 16: 23 vs 17 ms (README "Kernel formulations").
+# C = 1: 2.1 vs 7.1 ms, 8: 6.1 vs 10.9 ms, 16: 23 vs 17 ms (docs/kernel-design.md).
 DGRID_POINTS_MAX_CHANNELS = 8
 # Both gradients on CPUs: one block pass with a dx-only slot that also computes grad_grid
 # point-parallel from the same coordinates (`<kernel>_points`: the same bits) from 3 up to
 # this many channels, where the fused pass's grid-gradient taps of a slot of few channels
-# cost more than the gathers (README "Kernel formulations").
+# cost more than the gathers (docs/kernel-design.md).
 SPLIT_POINTS_CHANNELS = range(3, 7)
 # Invocations per workgroup of the GPU forms (a multiple of every subgroup size seen:
 # lavapipe's 8, NVIDIA's 32, AMD's 64).

@@ -1,7 +1,8 @@
 """The aclnn two-phase layer (aclnn_iree.aclnn): C-style calling, every status path, masks, views,
 stream ordering, repeatable executors, threads, empty tensors and device errors.
 
-SPEC part B 1 (two-phase calling, status codes), 2.2 and 3.2 (check orders), part A 3, 5, 6, 7.
+docs/status-codes.md (status codes, check orders, phase 2) and docs/semantics.md (#output-mask,
+#empty-tensors, #scale-consistency-check, #invalid-and-extreme-inputs).
 Kernels compile on first use, so the tests share a small set of specialisations:
 grid sampler bilinear/zeros/ac0 in every dtype plus nearest/border/ac1 and bicubic/reflection/ac0
 in float32; upsample NCHW/NHWC x align_corners in float32 plus NCHW/ac0 in float16.
@@ -211,7 +212,8 @@ def test_grid_sampler_c_snippet_matches_pythonic_bit_for_bit(dtype, mode, pad, a
 
 
 def test_float16_grid_sampler_reports_a_workspace(stream):
-    """float16 accumulates dx in float32 (SPEC part A 4), in the workspace: phase 1 asks for it, which
+    """float16 accumulates dx in float32 (docs/semantics.md#half-precision-accumulates-in-float32), in
+    the workspace: phase 1 asks for it, which
     makes the too-small-workspace paths below testable."""
     go, x, grid = gs_arrays(dtype=np.float16)
     status, ws, ex = gs_phase1(*gs_tensors(go, x, grid))
@@ -544,7 +546,8 @@ def test_grid_sampler_output_mask_wrong_length(mask):
 
 
 def test_grid_sampler_check_order_nullptr_before_invalid():
-    """SPEC 2.2: null tensors (161001) are reported before dtype/attribute/shape checks (161002)."""
+    """docs/status-codes.md#grid-sampler-backward-checks: null tensors (161001) are reported before
+    dtype/attribute/shape checks (161002)."""
     args = _gs_args()
     args["interpolationMode"] = 7
     args["gridGrad"] = A.aclCreateTensor(np.zeros((1, 1, 1, 2), np.float64))
@@ -746,7 +749,8 @@ def test_array_constructors_say_the_status_of_a_failure():
 
 @pytest.mark.parametrize("name,value", [("scalesH", 2.0), ("scalesW", 1.5), ("scalesH", 1e-3), ("scalesW", 1e300)])
 def test_upsample_inconsistent_scale(name, value):
-    """SPEC part A 5: a scale > 0 must satisfy out == floor(in * scale) (here H 3 -> 5, W 4 -> 7)."""
+    """docs/semantics.md#scale-consistency-check: a scale > 0 must satisfy out == floor(in * scale)
+    (here H 3 -> 5, W 4 -> 7)."""
     args = _up_args()
     args[name] = value
     expect_status(_up_call(args), INVALID, name, "inconsistent")
@@ -1286,7 +1290,8 @@ def test_grid_sampler_empty_tensors_phase1(dtype, shape, mask):
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 @pytest.mark.parametrize("shape", [dict(Ho=0), dict(Wo=0), dict(Ho=0, Wo=0)])
 def test_grid_sampler_empty_grid_writes_requested_input_grad_as_zeros(stream, dtype, shape):
-    """H_out = 0: nothing contributes, so a requested (non-empty) inputGrad is all zeros (SPEC part A 3)."""
+    """H_out = 0: nothing contributes, so a requested (non-empty) inputGrad is all zeros
+    (docs/semantics.md#empty-tensors)."""
     go, x, grid = gs_arrays(dtype=dtype, **shape)
     ts = gs_tensors(go, x, grid, dx_fill=7.0, dg_fill=7.0)
     assert ts[3].numpy().size > 0 and np.all(ts[3].numpy() == 7.0)
@@ -1344,7 +1349,8 @@ def _up_empty(isz, fmt):
 @pytest.mark.parametrize("isz", [[0, 3, 3, 4], [2, 0, 3, 4]])
 @pytest.mark.parametrize("fmt", ["NCHW", "NHWC"])
 def test_upsample_empty_tensors_phase1(isz, fmt):
-    """N = 0 or C = 0 succeeds with workspace 0 (SPEC 3.2 step 3; needs no kernel)."""
+    """N = 0 or C = 0 succeeds with workspace 0 (docs/status-codes.md#upsample-backward-checks;
+    needs no kernel)."""
     go_t, in_sz, out = _up_empty(isz, fmt)
     status, ws, ex = up_phase1(go_t, [5, 7], in_sz, False, -1.0, -1.0, out)
     assert (status, ws) == (SUCCESS, 0), A.aclGetRecentErrMsg()

@@ -1,4 +1,5 @@
-"""float16 / bfloat16 / float64 accuracy of both ops (shared/SPEC.md part A, decision 4).
+"""float16 / bfloat16 / float64 accuracy of both ops (the half-precision rule:
+docs/semantics.md#half-precision-accumulates-in-float32).
 
 Every dtype is compared with the float64 reference (aclnn_iree.ops.reference) run on
 the *same, already rounded* inputs: the low-precision arrays are converted to
@@ -6,7 +7,7 @@ float64 for the reference, so only the op's own arithmetic is measured.
 
 The error bound for float16 / bfloat16 (derived, not tuned)
 ------------------------------------------------------------
-Decision 4 says: compute and accumulate in float32 (grid coordinates, weights,
+The half-precision rule: compute and accumulate in float32 (grid coordinates, weights,
 the dgrid sums over C, the dx scatter sums), round once when storing.  Widening
 float16/bfloat16 to float32 is exact, so an output element is a float32
 evaluation y32 of  y = sum_i t_i  (n terms) followed by one rounding to the
@@ -73,7 +74,7 @@ PyTorch 2.13 CPU
 ----------------
 torch.ops.aten.upsample_bilinear2d_backward supports float16 and bfloat16 on
 CPU (accumulating in float).  grid_sampler_2d_backward does too in 2.13
-(shared/SPEC.md part B 2.3 says float32/float64 only; that is outdated, see
+(docs/semantics.md#pytorch-half-precision-kernels; an older reading said float32/float64 only, see
 test_pytorch_cpu_supports_half_grid_sampler); it computes in the storage dtype,
 and for inputs of about 200 x 200 and larger it writes out of bounds (heap
 corruption), so it is not run there (TORCH_HALF_GRID_MAX_SIDE).
@@ -641,7 +642,7 @@ def test_upsample_dtype_accuracy(ac, layout, dtype, direction, kind):
 
 def _emulate_storage_accumulation(go, Ah, Aw, dtype):
     """dx accumulated in the storage dtype, output pixels in row-major order:
-    acc = rnd(acc + rnd(rnd(lambda_h * lambda_w) * g)) -- what decision 4 rules out."""
+    acc = rnd(acc + rnd(rnd(lambda_h * lambda_w) * g)) -- what the half-precision rule rules out."""
     N, C, Ho, Wo = go.shape
     acc = np.zeros((N, C, Ah.shape[1], Aw.shape[1]), dtype)
     ah, aw, g = Ah.astype(dtype), Aw.astype(dtype), go.astype(dtype)
@@ -694,8 +695,9 @@ def _upsample_report_cases():
 
 @pytest.mark.skipif(torch is None, reason="needs PyTorch")
 def test_pytorch_cpu_supports_half_grid_sampler():
-    """shared/SPEC.md part B 2.3 says PyTorch's CPU grid_sampler_2d_backward accepts only float32 and
-    float64; PyTorch 2.13 CPU accepts float16 and bfloat16 too, so it is compared with below."""
+    """An older reading of PyTorch's source said its CPU grid_sampler_2d_backward accepts only float32
+    and float64; PyTorch 2.13 CPU accepts float16 and bfloat16 too, so it is compared with below
+    (docs/semantics.md#pytorch-half-precision-kernels)."""
     case = grid_case(ref.INTERP_BILINEAR, ref.PAD_ZEROS, False, "random")
     for dtype in HALF_DTYPES:
         out, note = _torch_outputs(case, dtype)

@@ -3,7 +3,7 @@ from a mix of good values and bad ones (wrong Python types, destroyed objects, t
 rank/shape/dtype/format/device, absurd ints, int/bool arrays of the wrong length, NaN/inf scales,
 destroyed streams, workspaces of the wrong size/device or freed).
 
-Properties (SPEC part A 7, "never crash"): no exception escapes; phase 1 returns a tuple
+Properties (docs/semantics.md#invalid-and-extreme-inputs, "never crash"): no exception escapes; phase 1 returns a tuple
 (status: int, workspaceSize: int, executor) with (status, 0, None) on failure; phase 2 and the stream
 calls return an int status; every status is an aclnn code; every non-zero status leaves a non-empty
 aclGetRecentErrMsg().  When everything succeeds the grid sampler's results are checked against the
@@ -253,7 +253,7 @@ def test_fuzz_grid_sampler(case):
         assert not all_good or d["H"] == 0 or d["W"] == 0, A.aclGetRecentErrMsg()
         return
     if (not mask[0] and not mask[1]) or go.size == 0 or x.size == 0 or grid.size == 0:
-        assert ws == 0, "nothing to compute needs no workspace (SPEC part A 6, part B 2.2 step 7)"
+        assert ws == 0, "nothing to compute needs no workspace (docs/status-codes.md#grid-sampler-backward-checks)"
     st2, sync, stream = run_phase2(A.aclnnGridSampler2DBackward, ws, executor, phase2)
     if st2 != A.ACLNN_SUCCESS or stream is None:
         return

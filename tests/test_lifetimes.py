@@ -1,5 +1,4 @@
-"""Lifetimes, races and other processes in the aclnn layer (README "Threads, processes and
-lifetimes").
+"""Lifetimes, races and other processes in the aclnn layer (docs/aclnn.md#threads-processes-and-lifetimes).
 
 Crash-prone cases run in a child process, so that a crash is a failed test rather than
 a dead test run.  Each test names the attack it repeats.
@@ -211,7 +210,7 @@ def test_destroy_racing_phase_two_never_crashes(device):
 
 
 def test_stream_and_repeatable_executor_shared_by_eight_threads(device):
-    """What README "Threads, processes and lifetimes" allows: one stream and one repeatable
+    """What docs/aclnn.md#threads-processes-and-lifetimes allows: one stream and one repeatable
     executor shared by 8 threads, each launching and synchronizing; every launch succeeds,
     the stream runs them all, and the result is the reference's, bit-identical each time."""
     rng = np.random.default_rng(8)

@@ -90,7 +90,7 @@ def _on_device(device, monkeypatch):
     monkeypatch.setattr(api, "grid_sampler_2d_backward", gsb)
     monkeypatch.setattr(api, "upsample_bilinear2d_backward", usb)
 
-try:  # the oracle of SPEC part A.1; without it only the reference comparison runs
+try:  # the oracle (docs/semantics.md#pytorch-is-the-reference); without it only the reference comparison runs
     import torch
 except ImportError:  # pragma: no cover - torch is in the test extras
     torch = None
@@ -450,7 +450,7 @@ def test_upsample_backward_f32_matches_reference_and_torch(align_corners, layout
 
 
 # =========================================================================== forward operators
-# The forward kernels claim PyTorch's bits in float32 (finite grids; README "Semantics"), so the
+# The forward kernels claim PyTorch's bits in float32 (finite grids; docs/semantics.md), so the
 # same cases are checked bit for bit against PyTorch's CPU kernels.
 @pytest.mark.skipif(torch is None, reason="PyTorch is the oracle of the forward's bits")
 @pytest.mark.parametrize("mode,padding,align_corners", COMBOS, ids=COMBO_IDS)

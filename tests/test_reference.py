@@ -1,6 +1,6 @@
 """The float64 NumPy reference (aclnn_iree.ops.reference) against PyTorch CPU.
 
-PyTorch is the oracle (SPEC part A.1); both sides compute in float64, so the
+PyTorch is the oracle (docs/semantics.md#pytorch-is-the-reference); both sides compute in float64, so the
 tolerance is ~1e-10 relative to the magnitude of the data.
 """
 

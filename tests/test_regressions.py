@@ -291,7 +291,7 @@ def test_created_tensors_start_on_a_cache_line(from_array):
         np.testing.assert_array_equal(t.numpy(), np.arange(n, dtype=np.float32) if from_array else np.zeros(n))
 
 
-# Near overflow (README "Semantics"): bilinear grad_grid sums C channel terms
+# Near overflow (docs/semantics.md): bilinear grad_grid sums C channel terms
 # go * (x_east - x_west) * weight.  Where only the sum overflows, the result is the exact
 # value's +-inf, as PyTorch's.  Where single terms overflow with both signs, the sum is
 # inf - inf = NaN in ours; PyTorch gives +-inf there, whose sign agrees with the exact sum's

@@ -1,6 +1,6 @@
 """Running without the compiler: a machine with iree-base-runtime and modules built elsewhere
 (`aclnn-iree build --target-cpu x86-64-v3`, `--target cuda`) runs them, says how to build a
-missing one and never tries to compile (README "Running without the compiler").
+missing one and never tries to compile (docs/build.md#running-without-the-compiler).
 
 The child processes make `import iree.compiler` fail (sys.modules entry None), which is what
 an install without iree-base-compiler sees."""

@@ -1,7 +1,7 @@
 """The main job (aclnn-iree demo): dense stereo on the Middlebury Motorcycle pair.
 
 Hand-computed cases for the metrics, the occlusion mask and the left-right fill; the
---quick job against looser bounds than the full job's targets (README "Quick start");
+--quick job against looser bounds than the full job's targets (README's quick start);
 our backward and PyTorch's give the same estimate; the files exist and parse.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Subnormal inputs, intermediates and results are kept on every device (README "Semantics").
+"""Subnormal inputs, intermediates and results are kept on every device (docs/semantics.md).
 
 IREE's CPU executors run dispatches with flush-to-zero and denormals-are-zero set (its task
 workers set both when they start; local-sync's inline command buffers too), so before the

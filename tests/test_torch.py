@@ -1,4 +1,4 @@
-"""aclnn_iree.torch: our backward kernels inside autograd, torch.compile and DDP (README "PyTorch").
+"""aclnn_iree.torch: our backward kernels inside autograd, torch.compile and DDP (docs/pytorch.md).
 
 Oracles: PyTorch 2.13's own autograd (F.grid_sample / F.interpolate and the aten backward
 ops) and the float64 reference, with the dtype-derived bounds of tests/test_dtypes.py;

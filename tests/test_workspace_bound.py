@@ -241,7 +241,7 @@ def test_workspace_within_the_largest_input_for_every_shape(N, C, H, W, Ho, Wo, 
 # to an operand from a transient into the caller's storage): the input's bytes, in whole 64-byte
 # units (so up to 63 bytes beyond it).  Half
 # types' float32 accumulator (twice the input) and the deterministic mode's copies are not
-# bounded (README "Support and targets").  Oracle: the float64 reference within test_dtypes'
+# bounded (docs/targets.md).  Oracle: the float64 reference within test_dtypes'
 # derived bound (the atomic sums' order varies, so there are no bits to compare).
 GPU = "vulkan"
 GPU_DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]

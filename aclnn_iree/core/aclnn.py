@@ -15,7 +15,7 @@ Porting a C snippet from the aclnn docs is line by line::
     dx.numpy(), dgrid.numpy()
 
 Phase 1 (`...GetWorkspaceSize`) checks the arguments in aclnn's order
-(shared/SPEC.md part B 2.2 and 3.2) and returns the first failing status, picks
+(docs/status-codes.md#phase-1) and returns the first failing status, picks
 the specialisation, loads its compiled module and binds the call into an
 executor.  The workspace size is what the module's `<function>_transients_size`
 reports for these very arguments.  Phase 2 enqueues the call on the stream
@@ -451,7 +451,7 @@ class Launcher:
     phase 2 check holds by construction there (the layer's own tensors, stream and
     workspace; a stale module is retired by kernels.generation), so `run` skips them and
     passes the call's buffer views straight to the kernel, never binding them to the
-    executor's tensors (README "Host overhead")."""
+    executor's tensors (docs/performance.md#host-overhead)."""
 
     __slots__ = ("stream", "_timeline", "_sources", "_own", "_kernel", "_estimate", "_arity", "_placeholder")
 
@@ -773,7 +773,7 @@ def aclnnGridSampler2DBackwardGetWorkspaceSize(gradOutput, input, grid, interpol
     bfloat16, float32 or float64.  interpolationMode 0 bilinear / 1 nearest /
     2 bicubic; paddingMode 0 zeros / 1 border / 2 reflection; alignCorners a
     bool; outputMask an aclBoolArray of 2: [write inputGrad, write gridGrad].
-    Semantics: PyTorch 2.13 grid_sampler_2d_backward (shared/SPEC.md part A).
+    Semantics: PyTorch 2.13 grid_sampler_2d_backward (docs/semantics.md#grid-sampler).
     Returns (status, workspaceSize in bytes, executor): 161001 for a None
     argument, 161002 for an invalid one (checked in aclnn's order), 561xxx when
     no kernel can be loaded.

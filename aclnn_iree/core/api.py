@@ -427,7 +427,7 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     atomics), False for the atomic form, None (default) for the current
     context's ACL_OPT_DETERMINISTIC (see aclnn.aclrtCtxSetSysParamOpt); CPU
     devices are always deterministic.
-    Semantics: PyTorch 2.13 CPU (README "Semantics").
+    Semantics: PyTorch 2.13 CPU (docs/semantics.md).
 
     Formulation (templates/grid_sampler_2d_backward/): grad_input is a
     scatter-add, computed by workgroups that each own a block of 8 (c, n)
@@ -514,7 +514,7 @@ def grid_sampler_2d(input, grid, interpolation_mode=0, padding_mode=0, align_cor
     PyTorch.  Returns the output, (N, C, H_out, W_out).  Raises AclnnError (a ValueError) with
     .status 161001 for a None argument, 161002 for an invalid one.  Runs on the IREE device
     `device` ("local-task", "local-sync", "vulkan", "cuda").  Semantics: PyTorch 2.13 CPU
-    (README "Semantics").
+    (docs/semantics.md).
     """
     x, g = _as_array("input", input), _as_array("grid", grid)
     interpolation_mode = _mode("interpolation_mode", interpolation_mode, INTERPOLATION_NAMES)
@@ -537,7 +537,7 @@ def upsample_bilinear2d(input, output_size, align_corners=False, scales_h=None, 
     factors or None (a given scale must satisfy H_out == floor(H_in * scales_h)).  dtypes
     float16, ml_dtypes.bfloat16, float32, float64.  Returns the output, (N, C, H_out, W_out)
     or (N, H_out, W_out, C) for NHWC.  Raises AclnnError (.status 161001 / 161002).
-    Semantics: PyTorch 2.13 CPU (README "Semantics").
+    Semantics: PyTorch 2.13 CPU (docs/semantics.md).
     """
     x = _as_array("input", input)
     if output_size is None:

@@ -1,4 +1,4 @@
-"""aclnn status codes (CANN's numbers, shared/SPEC.md part B 1.2) and the Pythonic layer's exception."""
+"""aclnn status codes (CANN's numbers, docs/status-codes.md#the-codes) and the Pythonic layer's exception."""
 from __future__ import annotations
 
 __all__ = ["AclnnError", "STATUS_NAMES"] + [

@@ -1,5 +1,5 @@
 """Argument checks that every operator uses (aclnn_iree.ops.<op>.check calls them in its
-operator's aclnn order: shared/SPEC.md part B 2.2 and 3.2, part A 5-6).
+operator's aclnn order: docs/status-codes.md#phase-1, and #where-aclnn-skips-its-checks).
 
 Each check raises AclnnError(status, message); the message names the argument,
 what it was and what was expected.

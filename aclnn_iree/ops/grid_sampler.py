@@ -1,7 +1,7 @@
 """aclnnGridSampler2DBackward: gradients of grid_sample with respect to input and grid.
 
-Semantics: PyTorch 2.13 grid_sampler_2d_backward (shared/SPEC.md part A); the checks and
-their order: SPEC part B 2.2.
+Semantics: PyTorch 2.13 grid_sampler_2d_backward (docs/semantics.md#grid-sampler); the checks
+and their order: docs/status-codes.md#grid-sampler-backward-checks.
 """
 from __future__ import annotations
 
@@ -25,10 +25,12 @@ VOCABULARY = {"interpolationMode": INTERPOLATION_NAMES, "paddingMode": PADDING_N
 
 def check(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, outputMask, inputGrad,
           gridGrad) -> tuple:
-    """Checks aclnnGridSampler2DBackward's arguments in aclnn's order (SPEC part B 2.2); returns the
-    output mask as (bool, bool).  Raises AclnnError: 161001 for a None or destroyed argument,
+    """Checks aclnnGridSampler2DBackward's arguments in aclnn's order
+    (docs/status-codes.md#grid-sampler-backward-checks); returns the output mask as (bool, bool).
+    Raises AclnnError: 161001 for a None or destroyed argument,
     161002 for an invalid one."""
-    # A None outputMask is an error here (aclnn skips every check instead: SPEC part A 6).
+    # A None outputMask is an error here (aclnn skips every check instead:
+    # docs/status-codes.md#where-aclnn-skips-its-checks).
     if outputMask is None:
         fail(NULLPTR, "outputMask is None")
     tensors = [("gradOutput", gradOutput), ("input", input), ("grid", grid), ("inputGrad", inputGrad),
@@ -99,7 +101,7 @@ def bind(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, 
 
 
 # inline_work: the measured crossover of waking local-task's workers, about 1e5 elements on
-# 2 threads (README "Host overhead").
+# 2 threads (docs/performance.md#host-overhead).
 OPERATOR = Operator(ACLNN_NAME, GridSamplerSpec, check, bind, reference.grid_sampler_2d_backward, {"": 65536},
                     torch="aclnn_iree.torch.grid_sampler", bench="aclnn_iree.tools.bench_grid_sampler",
                     roofline="aclnn_iree.tools.roofline", vocabulary=VOCABULARY)

@@ -1,8 +1,9 @@
 """aclnnGridSampler2D: grid_sample's forward, input sampled at the grid's points.
 
 Semantics: PyTorch 2.13 grid_sampler_2d (aten/src/ATen/native/GridSampler.cpp, the CPU
-kernel), the same coordinate rules as the backward (shared/SPEC.md part B 2.3).  The checks
-follow the backward's order (SPEC part B 2.2) for the arguments the two share: pointers, then
+kernel), the same coordinate rules as the backward (docs/semantics.md#grid-sampler).  The checks
+follow the backward's order (docs/status-codes.md#grid-sampler-forward-checks) for the arguments
+the two share: pointers, then
 devices, dtypes, modes, ranks, shapes, aliasing.
 """
 from __future__ import annotations

@@ -13,14 +13,14 @@ is written directly from the formulas of PyTorch 2.13 (CPU):
   ``compute_source_index_and_lambda``) as used by the CPU
   ``upsample_bilinear2d`` / ``upsample_bilinear2d_backward`` kernels.
 
-See ``SPEC.md`` part A and sections 2.3 / 3.4 of part B.  It deliberately
+See ``docs/semantics.md`` (#grid-sampler, #bilinear-upsampling).  It deliberately
 shares no code with the kernels.  Everything is computed in float64 whatever
 the input dtype; all tensors are NumPy arrays in NCHW layout (the grid is
 (N, H_out, W_out, 2) with the last dimension (x, y), x indexing W, y
 indexing H).
 
 Deviations from PyTorch, all for inputs where PyTorch has no usable answer
-(SPEC part A.7, "never crash, never read out of bounds"):
+(docs/semantics.md#invalid-and-extreme-inputs, "never crash, never read out of bounds"):
 
 * grid values that are NaN / +-inf (or that become so when unnormalized):
   with ``border`` padding NaN samples pixel 0 and +-inf clamps to the nearest
@@ -443,7 +443,7 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode: int,
 # --------------------------------------------------------------------------
 def area_pixel_compute_scale(in_size: int, out_size: int, align_corners: bool,
                              scale: Optional[float] = None) -> float:
-    """area_pixel_compute_scale (UpSample.h, PyTorch 2.13; SPEC 3.4 modern).
+    """area_pixel_compute_scale (UpSample.h, PyTorch 2.13; docs/semantics.md#scale-rules).
 
     align_corners: (in - 1) / (out - 1) if out > 1 else 0.
     otherwise: 1 / scale if a scale is given and > 0, else in / out.

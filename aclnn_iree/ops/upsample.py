@@ -1,7 +1,8 @@
 """aclnnUpsampleBilinear2dBackwardV2: the gradient of bilinear 2-D up- (or down-)sampling.
 
-Semantics: PyTorch 2.13 upsample_bilinear2d_backward (shared/SPEC.md part A 5); the checks
-and their order: SPEC part B 3.2.
+Semantics: PyTorch 2.13 upsample_bilinear2d_backward (docs/semantics.md#bilinear-upsampling,
+its scales: #scale-consistency-check); the checks and their order:
+docs/status-codes.md#upsample-backward-checks.
 """
 from __future__ import annotations
 
@@ -42,8 +43,9 @@ def upsample_scale(in_size: int, out_size: int, align_corners: bool, scale: floa
 
 
 def check(gradOut, outputSize, inputSize, alignCorners, scalesH, scalesW, out) -> tuple:
-    """Checks aclnnUpsampleBilinear2dBackwardV2's arguments in aclnn's order (SPEC part B 3.2);
-    returns (layout, (rh, rw)): "NCHW" or "NHWC" and the per-axis source scales in the op-math
+    """Checks aclnnUpsampleBilinear2dBackwardV2's arguments in aclnn's order
+    (docs/status-codes.md#upsample-backward-checks); returns (layout, (rh, rw)): "NCHW" or
+    "NHWC" and the per-axis source scales in the op-math
     type.  Raises AclnnError: 161001 for a None or destroyed argument, 161002 for an invalid one."""
     tensor_arg("gradOut", gradOut)
     for name, arr in (("outputSize", outputSize), ("inputSize", inputSize)):
@@ -97,8 +99,8 @@ def check(gradOut, outputSize, inputSize, alignCorners, scalesH, scalesW, out) -
 def checked_scales(scalesH, scalesW, h_sizes, w_sizes, align_corners: bool, dtype) -> tuple:
     """(rh, rw), each axis's source-index scale (upsample_scale) for (in, out) sizes `h_sizes`
     and `w_sizes`, in the op-math type `dtype`.  Raises AclnnError 161002 for a scale that is
-    not a number, or a given one (> 0) that disagrees with the sizes (SPEC part A 5: never
-    silently ignored)."""
+    not a number, or a given one (> 0) that disagrees with the sizes (never silently ignored:
+    docs/semantics.md#scale-consistency-check)."""
     scales = (scale_arg("scalesH", scalesH), scale_arg("scalesW", scalesW))
     for name, s, (i, o) in zip(("scalesH", "scalesW"), scales, (h_sizes, w_sizes)):
         if s > 0 and (not math.isfinite(i * s) or o != math.floor(i * s)):
@@ -138,8 +140,7 @@ def call_kind(grad_output_shape, grad_input_shape) -> str:
     return "same_size" if tuple(grad_output_shape) == tuple(grad_input_shape) else ""
 
 
-# inline_work: the measured crossover is about 5e5 elements on 2 threads (README "Host
-# overhead"); a same-size call is a copy (2 x 32 x 64^2, 2 threads, end to end 99-172 us on
+# inline_work: the measured crossover is about 5e5 elements on 2 threads (docs/performance.md#host-overhead); a same-size call is a copy (2 x 32 x 64^2, 2 threads, end to end 99-172 us on
 # local-task, 54 us inline; even at 8 x 64 x 64^2).
 OPERATOR = Operator(ACLNN_NAME, UpsampleSpec, check, bind, reference.upsample_bilinear2d_backward,
                     {"": 262144, "same_size": 1 << 22}, torch="aclnn_iree.torch.upsample",

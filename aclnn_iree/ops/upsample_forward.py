@@ -2,7 +2,7 @@
 
 Semantics: PyTorch 2.13 upsample_bilinear2d (aten/src/ATen/native/UpSample.h, the CPU kernel
 in cpu/UpSampleKernel.cpp), with the same scale rules and consistency check as the backward
-(aclnnUpsampleBilinear2dBackwardV2: shared/SPEC.md part A 5, part B 3).  The checks follow
+(aclnnUpsampleBilinear2dBackwardV2: docs/semantics.md#bilinear-upsampling).  The checks follow
 the backward's order for the arguments the two share.
 """
 from __future__ import annotations

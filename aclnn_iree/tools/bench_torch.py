@@ -98,7 +98,7 @@ def custom_op_overhead_us(torch, repeats: int = 200, blocks: int = 10) -> dict:
 
     Local-sync: on local-task a tiny call's time is mostly the wake-up of a worker thread,
     whose jitter on a shared VM hides a difference of microseconds (the layers run such
-    calls inline anyway: README "Host overhead").  `blocks` rounds of adjacent blocks of
+    calls inline anyway: docs/performance.md#host-overhead).  `blocks` rounds of adjacent blocks of
     `repeats` calls of each arm: each time is the least of its block medians, each cost the
     median over rounds of the difference within a round, so that a drift of the machine's
     speed between rounds (tens of microseconds on a shared VM) falls on both sides."""

@@ -30,7 +30,7 @@ The method (``estimate``), at half resolution (250 x 370, the "working" resoluti
 
 ``--kernels torch`` runs the same job with PyTorch's own kernels (F.grid_sample,
 F.interpolate, forward and backward); ours and PyTorch's forwards agree bitwise in float32
-(README "Semantics"), so the two jobs differ by the rounding of the backward sums.
+(docs/semantics.md), so the two jobs differ by the rounding of the backward sums.
 """
 from __future__ import annotations
 

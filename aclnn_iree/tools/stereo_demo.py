@@ -36,7 +36,7 @@ ERROR_CLIP = 10.0  # pixels: the error map's colour scale ends here
 # PyTorch's ops with our kernels, so on few cores IREE's task workers run beside a spinning
 # thread at about half speed.  libgomp throttles its spinning itself when it knows the cores
 # are oversubscribed; it cannot know about IREE's threads, so the demo says so.  20000 spins
-# (well under a millisecond) keep PyTorch's back-to-back ops on hot threads (README "PyTorch").
+# (well under a millisecond) keep PyTorch's back-to-back ops on hot threads (docs/pytorch.md).
 OPENMP_SPINCOUNT = "20000"
 
 
@@ -143,8 +143,8 @@ def run_stereo_demo(out_dir="demo_output", quick: bool = False, backward: str = 
         import torch
     except ImportError:
         from ..core.install import install_command
-        raise ImportError(f"the demo needs PyTorch and scikit-image: {install_command('demo')} (README "
-                          "'Install'; `aclnn-iree demo --photo` needs neither)") from None
+        raise ImportError(f"the demo needs PyTorch and scikit-image: {install_command('demo')} (docs/getting-started.md"
+                          "#install; `aclnn-iree demo --photo` needs no PyTorch)") from None
     import aclnn_iree.torch as AT
     os.makedirs(out_dir, exist_ok=True)
     if not os.access(out_dir, os.W_OK):

@@ -183,7 +183,7 @@ def numpy_dtype(dtype):
 # phase 1's checks, the kept executor); it leaves a Plan under the torch layer's own key of
 # the call, and the next calls go straight from their tensors to the kernel launch: one
 # DLPack import per input, one host import per output, the launch and the wait (~12 us of
-# host time on 1x1x4x4 against ~40 us the general way; README "Host overhead").
+# host time on 1x1x4x4 against ~40 us the general way; docs/performance.md#host-overhead).
 _PLANS_PER_THREAD = 64
 
 

@@ -1,8 +1,8 @@
 """Drop-in replacements for torch.nn.functional.grid_sample and interpolate (bilinear).
 
 Same signatures, defaults, argument checks and semantics as PyTorch 2.13's; the forward
-is PyTorch's own, the backward ours (through the custom ops in aclnn_iree.torch.ops), so the
-gradients match autograd's (README "PyTorch").  Each lives in its operator's torch module
+and the backward run our kernels (through the custom ops in aclnn_iree.torch.ops), so the
+gradients match autograd's (docs/pytorch.md).  Each lives in its operator's torch module
 (grid_sampler.py, upsample.py).
 """
 from __future__ import annotations

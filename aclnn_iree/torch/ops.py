@@ -14,11 +14,11 @@ its ops there when imported, and this module imports them all from the registry.
 
 Each op has a fake (meta) implementation, so torch.compile, torch.export and FakeTensor
 tracing see through them, and an autograd formula: the backward ops too, so that a double
-backward (create_graph=True) is right (README "PyTorch").  The backward ops return a
+backward (create_graph=True) is right (docs/pytorch.md).  The backward ops return a
 0-element tensor for an output whose output_mask entry is False (a custom op cannot return
 an undefined tensor; aten's grid_sampler_2d_backward returns an undefined grad_input there
-and always computes grad_grid).  Devices: see aclnn_iree.torch._bridge.  Semantics: README
-"Semantics".
+and always computes grad_grid).  Devices: see aclnn_iree.torch._bridge.  Semantics:
+docs/semantics.md.
 """
 from __future__ import annotations
 

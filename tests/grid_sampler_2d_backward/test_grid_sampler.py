@@ -1,5 +1,6 @@
 """aclnn_iree.grid_sampler_2d_backward (the Pythonic layer) against PyTorch, the float64
-reference, finite differences and known hard cases (SPEC part A, part B 2.x).
+reference, finite differences and known hard cases (docs/semantics.md#grid-sampler,
+docs/status-codes.md#grid-sampler-backward-checks).
 
 Oracles
 -------
@@ -490,7 +491,7 @@ def test_output_mask_false_false_returns_none_none():
 
 
 def test_output_mask_false_false_still_validates():
-    """SPEC part A 6: an all-False mask still checks every argument."""
+    """docs/status-codes.md#where-aclnn-skips-its-checks: an all-False mask still checks every argument."""
     rng = np.random.default_rng(13)
     go, x, grid = random_case(rng, (1, 2, 3, 3, 2, 2))
     with pytest.raises(AclnnError) as e:
@@ -502,7 +503,8 @@ def test_output_mask_false_false_still_validates():
 
 
 # ----------------------------------------------------------------------------------------
-# Validation: one test per check (SPEC part B 2.2, aclnn_iree/validation.py)
+# Validation: one test per check (docs/status-codes.md#grid-sampler-backward-checks,
+# aclnn_iree/core/validation.py)
 # ----------------------------------------------------------------------------------------
 def _base_args():
     f = np.float32
@@ -569,7 +571,8 @@ def test_validation(make, status, pattern):
 
 
 def test_validation_check_order():
-    """With two invalid arguments the earlier check of aclnn's order reports (SPEC 2.2):
+    """With two invalid arguments the earlier check of aclnn's order reports
+    (docs/status-codes.md#grid-sampler-backward-checks):
     None, then dtypes, then attributes, then shapes (rank before N / C / sizes)."""
     f = np.float32
     cases = [
@@ -823,7 +826,7 @@ def _run_aclnn(go, x, grid, mask, fill=7.0):
 
 
 def test_aclnn_empty_grid_zero_fills_requested_output():
-    """SPEC part A 3: a requested output is written (zeros when nothing contributes) even
+    """docs/semantics.md#empty-tensors: a requested output is written (zeros when nothing contributes) even
     when the caller's tensor held other data (aclnn leaves it stale)."""
     go, x, grid = random_case(np.random.default_rng(4), (1, 2, 3, 4, 0, 5))  # H_out = 0
     dx, _ = in_fresh_thread(_run_aclnn, go, x, grid, [True, True])
@@ -831,7 +834,7 @@ def test_aclnn_empty_grid_zero_fills_requested_output():
 
 
 def test_aclnn_masked_out_output_is_left_untouched():
-    """SPEC part A 3 / part B 2.2 step 8: an output whose mask entry is False is not written."""
+    """docs/semantics.md#output-mask: an output whose mask entry is False is not written."""
     go, x, grid = random_case(np.random.default_rng(4), (1, 2, 3, 4, 2, 5))
     dx, dg = _run_aclnn(go, x, grid, [True, False])
     np.testing.assert_array_equal(dg, np.full(grid.shape, 7.0))
@@ -1021,7 +1024,7 @@ def _exact_reflected_dgrid_x(g, W, ac, compute):
         c = R(a * W - 1)
         d0, span, m = R(c / 2 + Fraction(1, 2)) if c is not None else None, W, Fraction(W, 2)
     if d0 is None:
-        return 0.0  # an infinite coordinate gets no grid gradient (README "Behaviour on bad input")
+        return 0.0  # an infinite coordinate gets no grid gradient (docs/aclnn.md#behaviour-on-bad-input)
     sign = -1 if d0 < 0 else 1
     d = abs(d0)
     e = d % (2 * span)
@@ -1038,7 +1041,7 @@ def test_reflection_sign_far_outside_matches_an_exact_reflection_count(device, d
     an attack: Vulkan rounded (g + 1) * W - 1 twice (an f64 product, then f64 - 1 and f32),
     and where a * W was a tie in float32 the coordinate moved by an ulp and the count's
     parity with it (~12 % of points beyond 1e15).  The CPU was right all along.  float64 on
-    Vulkan still rounds twice (README "Support and targets"): expected to differ."""
+    Vulkan still rounds twice (docs/targets.md): expected to differ."""
     st = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16}.get(dtype, np.dtype(dtype).type)
     compute = np.float64 if dtype == "float64" else np.float32
     top = {"float16": 4.8, "bfloat16": 38.3, "float32": 38.3, "float64": 300.0}[dtype]
@@ -1057,7 +1060,7 @@ def test_reflection_sign_far_outside_matches_an_exact_reflection_count(device, d
     want = np.array([_exact_reflected_dgrid_x(v, W, ac, compute) for v in g])
     wrong = np.nonzero(got != want)[0]
     if dtype == "float64" and device == "vulkan" and not ac:  # a known limit (align_corners has no fma)
-        assert len(wrong) > 0, "Vulkan float64 is exact now: update README 'Support and targets'"
+        assert len(wrong) > 0, "Vulkan float64 is exact now: update docs/targets.md"
         pytest.xfail(f"{len(wrong)} of {len(g)} points: Vulkan's fma may round twice, and float64 "
                      "has no wider type to emulate it in")
     assert len(wrong) == 0, (f"{len(wrong)} of {len(g)} points differ, e.g. "

@@ -4,7 +4,7 @@ finds in the rendered MLIR and in the compiled assembly, and llvm-mca's throughp
 Oracles: the template's own text (each part holds the ops that define it; the masked
 fallbacks of the unmasked fast paths are left out as cold) and the x86 instructions the
 compiler emitted (the dx taps' hot path stores with plain vector stores, not AVX2's
-microcoded masked store: the README's "Kernel formulations" speed-up, kept by this test).
+microcoded masked store: a speed-up docs/kernel-design.md describes, kept by this test).
 """
 from __future__ import annotations
 
