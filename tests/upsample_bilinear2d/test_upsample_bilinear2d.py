@@ -40,6 +40,11 @@ CASES = [
     ("one-row", (2, 3, 1, 9), (1, 140), None, None),
     ("to-one", (1, 4, 9, 11), (1, 1), None, None),
     ("column", (1, 5, 200, 1), (1, 200), None, None),
+    # W_out = 1: the CPU NCHW form's lanes go along H (cpu_nchw column_rows); H up from one
+    # row with the channels-last blend (H_out + W_out <= 128), H down, and the generic blend
+    ("to-column", (2, 3, 1, 50), (70, 1), None, None),
+    ("column-down", (1, 4, 37, 23), (19, 1), None, None),
+    ("column-generic", (1, 3, 60, 9), (150, 1), None, None),
     ("scales", (1, 5, 10, 12), (23, 28), 2.3, 2.4),
     ("generic-wide", (1, 21, 30, 40), (77, 91), None, None),
     ("many-channels", (1, 70, 5, 6), (9, 11), None, None),
