@@ -13,12 +13,14 @@ for the chosen targets into an artifact store (default: the project's
 `artifacts/` in a source checkout, the per-user data directory otherwise: the
 second place the runtime looks for modules), one vmfb per specialisation and
 target, `--jobs` compiles at a time.  Valid artifacts are reused; a failed
-compile is reported (specialisation, command, compiler message) and the others
-go on; the exit status is 1 when anything failed.
+compile is reported in a few lines (specialisation, command, the compiler's first
+error line and the file holding its whole message) and the others go on; the
+exit status is 1 when anything failed.
 
 A user's mistake or an unavailable resource (a device, a file, an extra) is one
-line on stderr, "error: ...", and exit status 1 (2 for a bad command line); a
-traceback means a bug in aclnn-iree.
+line on stderr, "error: ...", and exit status 1 (2 for a bad command line: an
+option's value out of range, a CPU or GPU the compiler does not know, a --kernel
+pattern that matches nothing); a traceback means a bug in aclnn-iree.
 """
 from __future__ import annotations
 
@@ -30,25 +32,63 @@ import warnings
 
 __all__ = ["main", "build_parser"]
 
-_MAX_MESSAGE_LINES = 200
+# The runtime's search order (runtime/store.py), for the --help of `build` and `list`.
+_SEARCH_ORDER = ("Modules are looked for in $ACLNN_IREE_ARTIFACTS when set (a store it adds, hiding none), then in "
+                 "the default store (the checkout's artifacts/, else the per-user data directory), then in the "
+                 "compile cache ($ACLNN_IREE_CACHE, else ~/.cache/aclnn-iree), where first use compiles them.")
 
 
 def _specs(ops, dtypes, kernels):
+    """The specialisations of `ops` and `dtypes` (None: all) whose kernel name matches one of
+    the shell patterns `kernels` (None: all).  UsageError for a pattern that matches none of
+    them: a typo would build or list nothing and look like success."""
     from .compiler.specs import all_specs
     specs = list(all_specs(ops, dtypes))
-    if kernels:
-        specs = [s for s in specs if any(fnmatch.fnmatchcase(s.kernel_name, k) for k in kernels)]
-    return specs
+    if not kernels:
+        return specs
+    for k in kernels:
+        if not any(fnmatch.fnmatchcase(s.kernel_name, k) for s in specs):
+            among = " of the chosen --op/--dtype" if ops or dtypes else ""
+            raise UsageError(f"no kernel{among} matches {k!r} (`aclnn-iree list -v` lists them)")
+    return [s for s in specs if any(fnmatch.fnmatchcase(s.kernel_name, k) for k in kernels)]
+
+
+def _print_cpus() -> int:
+    """`--target-cpu help`: the CPU names iree-compile accepts here, on one line (as llc's -mcpu=help)."""
+    from .compiler.targets import llvm_cpu_names
+    cpus = llvm_cpu_names()
+    if not cpus:
+        raise CliError("iree-compile lists no CPUs here (is iree-base-compiler installed?)")
+    print("host (this machine's CPU), generic, " + ", ".join(cpus))
+    return 0
 
 
 def _targets(names, target_cpu, gpu_arch=None):
-    from .compiler.targets import get_target
+    """The targets `names` for the CPU `target_cpu` and the GPU `gpu_arch` (None: the defaults).
+
+    Each named arch is checked before anything compiles: iree-compile answers an unknown CPU
+    with LLVM's CPU list and an abort, an unknown sm_NN with ~200 lines of MLIR per module.
+    UsageError (one line) for an arch of the wrong form or one the compiler does not know."""
+    from .compiler.targets import CUDA_ARCHS, arch_problem, get_target
     names = list(dict.fromkeys(names))
     arch = {"llvm-cpu": target_cpu, "vulkan-spirv": gpu_arch, "cuda": gpu_arch}
-    try:
-        return [get_target(n, arch.get(n) or None) for n in names]
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    targets = []
+    for n in names:
+        try:
+            t = get_target(n, arch.get(n) or None)
+        except ValueError as e:
+            raise UsageError(f"--{'target-cpu' if n == 'llvm-cpu' else 'gpu-arch'} {e}") from None
+        problem = arch_problem(t)
+        if problem is None:
+            targets.append(t)
+            continue
+        if t.name == "llvm-cpu":
+            raise UsageError(f"--target-cpu {problem}; use host (this machine's CPU) or an LLVM CPU name such as "
+                             f"x86-64-v3 (`aclnn-iree build --target-cpu help` lists them)")
+        if t.name == "cuda":
+            raise UsageError(f"--gpu-arch {problem}; it knows {', '.join(CUDA_ARCHS)} (e.g. sm_86)")
+        raise UsageError(f"--gpu-arch {problem}; name one of IREE's Vulkan profiles, e.g. ampere, rdna3, valhall")
+    return targets
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
@@ -59,14 +99,44 @@ class CliError(Exception):
     """A user's mistake or a missing resource: printed as one line, exit status 1."""
 
 
+class UsageError(CliError):
+    """A bad command line (an option's value the command cannot take): one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors (a bad option or value) are one line, "error: ...", exit status 2,
+    as the command's own usage errors are (argparse would print its usage block first)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
+
+
+def _count(low: int, high: int | None = None, note: str = ""):
+    """An argparse type: a whole number from `low` to `high` (None: no limit), else argparse's
+    one-line usage error naming the range (and `note`)."""
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or n < low or (high is not None and n > high):
+            span = f"from {low} to {high}" if high is not None else f"of at least {low}"
+            raise argparse.ArgumentTypeError(f"must be a whole number {span}{note}, got {text!r}")
+        return n
+    return parse
+
+
 def _default_dir() -> str:
     from .runtime.store import PROJECT_ARTIFACTS
     return str(PROJECT_ARTIFACTS)
 
 
 def _writable_dir(path: str, what: str) -> str:
-    """`path` as an absolute directory that exists and takes a new file, else CliError."""
+    """`path` as an absolute directory that exists and takes a new file, else CliError
+    (UsageError when it names something that is not a directory)."""
     path = os.path.abspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):  # makedirs would say "File exists"
+        raise UsageError(f"--out {path} is not a directory; name a directory (it is made when missing)")
     try:
         os.makedirs(path, exist_ok=True)
         probe = os.path.join(path, f".aclnn-iree-write-test-{os.getpid()}")
@@ -101,8 +171,57 @@ def _check_device(name: str):
         raise CliError(f"{e}; choose another with --device (local-task, local-sync, vulkan, cuda)") from None
 
 
+def _first_error_line(message: str) -> str:
+    """The line of a failed compile's message that says what went wrong: the compiler's first
+    "error:" line (its source location cut to the line and column), else the first line."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip() and not ln.startswith("command: ")]
+    for ln in lines:
+        if "error:" in ln:
+            where, _, what = ln.partition("error:")
+            where = os.path.basename(where.strip().rstrip(":"))
+            return f"{where}: error: {what.strip()}" if where else f"error: {what.strip()}"
+    return lines[0] if lines else "(no message)"
+
+
+def _report_failures(res, specs, targets, out: str):
+    """Each failed compile in a few lines on stderr: the specialisation, the command, the first
+    error line and the file that holds the whole message (a compiler's message can be hundreds
+    of lines of MLIR), `<kernel>.compile-error.log` beside the module's source in the store.
+    Such files of the modules that built this time are removed: they tell of an older build."""
+    from .compiler.build import target_folder
+    folders = {t.name: target_folder(t) for t in targets}
+    by_name = {s.kernel_name: s for s in specs}
+    failed = {(kernel, target) for kernel, target, _ in res.failed}
+
+    def log_path(kernel, target):
+        return os.path.join(out, folders.get(target, target), kernel + ".compile-error.log")
+    for s in specs:
+        for t in targets:
+            if (s.kernel_name, t.name) not in failed:
+                try:
+                    os.unlink(log_path(s.kernel_name, t.name))
+                except OSError:
+                    pass
+    for kernel, target, message in res.failed:
+        print(f"\nFAILED {target}/{kernel}: {_first_error_line(message)}", file=sys.stderr)
+        print(f"  specialisation: {by_name.get(kernel, kernel)!r}", file=sys.stderr)
+        command = next((ln for ln in message.splitlines() if ln.startswith("command: ")), None)
+        if command:
+            print(f"  {command}", file=sys.stderr)
+        path = log_path(kernel, target)
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(message.rstrip() + "\n")
+            print(f"  whole message ({len(message.splitlines())} lines): {path}", file=sys.stderr)
+        except OSError as e:
+            print(f"  (cannot write the whole message to {path}: {e.strerror or e})", file=sys.stderr)
+
+
 def _cmd_build(args) -> int:
     from .compiler.build import ArtifactStore
+    if args.target_cpu == "help":
+        return _print_cpus()
     specs = _specs(args.op, args.dtype, args.kernel)
     if not specs:
         print("error: no specialisation matches the given --op/--dtype/--kernel", file=sys.stderr)
@@ -116,16 +235,8 @@ def _cmd_build(args) -> int:
     tnames = ", ".join(t.name + (f" ({t.arch})" if t.name == "llvm-cpu" else "") for t in targets)
     print(f"building {len(specs)} specialisation(s) x {len(targets)} target(s) [{tnames}] into {out}",
           flush=True)
-    by_name = {s.kernel_name: s for s in specs}
     res = store.build(specs, targets, jobs=args.jobs, progress=not args.no_progress)
-    for kernel, target, message in res.failed:
-        print(f"\nFAILED {target}/{kernel}", file=sys.stderr)
-        print(f"  specialisation: {by_name.get(kernel, kernel)!r}", file=sys.stderr)
-        lines = message.rstrip().splitlines()
-        if len(lines) > _MAX_MESSAGE_LINES:
-            lines = lines[:_MAX_MESSAGE_LINES] + [f"... ({len(lines) - _MAX_MESSAGE_LINES} more lines)"]
-        for ln in lines:
-            print("  " + ln, file=sys.stderr)
+    _report_failures(res, specs, targets, out)
     print(f"\nsummary: compiled {res.compiled}, reused {res.reused}, failed {len(res.failed)} "
           f"of {total} in {res.seconds:.1f} s")
     for kernel, function, nbytes in res.spills:
@@ -138,45 +249,106 @@ def _cmd_build(args) -> int:
     return 0
 
 
+def _list_stores(args) -> list:
+    """(directory, what it is) of each store `list` reports: --dir alone, else the ones the
+    runtime searches, in its order (runtime.store.search_dirs): ACLNN_IREE_ARTIFACTS when set,
+    the default store (where `build` writes) and the compile cache (where first use compiles)."""
+    if args.dir:
+        return [(os.path.abspath(args.dir), "")]
+    from .core.install import source_checkout
+    from .runtime.store import PROJECT_ARTIFACTS, cache_dir
+    env = os.environ.get("ACLNN_IREE_ARTIFACTS")
+    stores = [(os.path.abspath(env), "ACLNN_IREE_ARTIFACTS")] if env else []
+    stores += [(str(PROJECT_ARTIFACTS), "the checkout's artifacts/" if source_checkout() else "the default store"),
+               (os.path.abspath(cache_dir()), "the compile cache")]
+    named = {}
+    for d, what in stores:
+        named.setdefault(d, what)
+    return list(named.items())
+
+
+def _kib(store_manifest: dict, ids) -> str:
+    """The total, smallest and largest size of the modules `ids` as a store's manifest records them."""
+    sizes = [store_manifest.get(i, {}).get("vmfb_bytes", 0) for i in ids]
+    return f"{sum(sizes) / 1024:.0f} KiB (smallest {min(sizes) / 1024:.0f} KiB, largest {max(sizes) / 1024:.0f} KiB)"
+
+
 def _cmd_list(args) -> int:
     from .compiler.build import ArtifactStore
     from .compiler.targets import TARGETS
-    d = os.path.abspath(args.dir or _default_dir())
+    from .runtime.store import cache_dir, search_order
+    if args.target_cpu == "help":
+        return _print_cpus()
     specs = _specs(args.op, args.dtype, args.kernel)
-    targets = _targets(args.target or list(TARGETS), args.target_cpu, args.gpu_arch)
-    if os.path.exists(d) and not os.path.isdir(d):
-        raise CliError(f"{d} is not a directory")
-    store = ArtifactStore(d)
-    if not os.path.isfile(os.path.join(d, "manifest.json")):
-        from .runtime.store import cache_dir
-        print(f"nothing is built yet in {d}: run `aclnn-iree build` to compile every kernel for this CPU "
+    names = args.target or list(TARGETS)
+    if not args.target and args.gpu_arch:  # one GPU's arch (sm_86, ampere): the GPU targets that know it
+        from .compiler.targets import arch_problem, get_target
+
+        def fits(name):
+            try:
+                return arch_problem(get_target(name, args.gpu_arch)) is None
+            except ValueError:
+                return False
+        gpus = ("cuda", "vulkan-spirv") if args.gpu_arch.startswith("sm_") else ("vulkan-spirv", "cuda")
+        names = ["llvm-cpu"] + ([n for n in ("vulkan-spirv", "cuda") if fits(n)] or list(gpus))  # none: say why
+    targets = _targets(names, args.target_cpu, args.gpu_arch)
+    stores = _list_stores(args)
+    if args.dir and os.path.exists(stores[0][0]) and not os.path.isdir(stores[0][0]):
+        raise UsageError(f"--dir {stores[0][0]} is not a directory")
+    built = [(d, what, ArtifactStore(d)) for d, what in stores if os.path.isfile(os.path.join(d, "manifest.json"))]
+    print(f"artifacts in {stores[0][0]}" if args.dir else search_order())
+    if not built and not args.verbose:
+        where = stores[0][0] if args.dir else " or ".join(d for d, _ in stores)
+        print(f"nothing is built yet in {where}: run `aclnn-iree build` to compile every kernel for this CPU "
               f"(a few minutes on 2 cores, README 'Quick start'; --target vulkan-spirv / cuda for GPUs).  Until "
               f"then kernels compile on first use into the cache {cache_dir()}.")
         return 0
-    try:
-        manifest = store.manifest()["artifacts"]
-    except OSError as e:
-        raise CliError(f"cannot read {os.path.join(d, 'manifest.json')}: {e.strerror or e}") from None
-    print(f"artifacts in {d}")
-    total_ok = 0
+    manifests = {}
+    for d, _, store in built:
+        try:
+            manifests[d] = store.manifest()["artifacts"]
+        except OSError as e:
+            if args.dir:
+                raise CliError(f"cannot read {os.path.join(d, 'manifest.json')}: {e.strerror or e}") from None
+            manifests[d] = {}  # its modules are reported unreadable below
     for t in targets:
         groups = {"ok": [], "missing": [], "stale": [], "corrupt": [], "unreadable": []}
+        in_store = {d: {k: [] for k in groups} for d, _ in stores}
+        first = {}  # spec -> the store the runtime loads it from
         for s in specs:
-            groups[store.status(s, t)].append(s)
+            states = [(d, store.status(s, t)) for d, _, store in built]
+            for d, state in states:
+                in_store[d][state].append(s)
+            ok_in = [d for d, state in states if state == "ok"]
+            if ok_in:
+                first[s] = ok_in[0]
+                groups["ok"].append(s)
+            else:  # a damaged module anywhere says more than "missing"
+                groups[next((state for _, state in states if state != "missing"), "missing")].append(s)
         ok = groups["ok"]
-        total_ok += len(ok)
-        arch = f" [{t.arch}]" if t.name in ("llvm-cpu", "cuda") else ""
+        # (the default Vulkan arch is a long feature string; a named profile is shown)
+        arch = f" [{t.arch}]" if t.name in ("llvm-cpu", "cuda") or t.arch != TARGETS[t.name].arch else ""
         problems = [f"{len(groups[k])} {k}" for k in ("stale", "corrupt", "unreadable") if groups[k]]
         missing = len(specs) - len(ok)
         print(f"\n{t.name}{arch}: {len(ok)}/{len(specs)} built, {missing} missing"
               + (f" (of which {', '.join(problems)})" if problems else ""))
-        if ok:
-            sizes = [manifest.get(store.artifact_id(s, t), {}).get("vmfb_bytes", 0) for s in ok]
-            print(f"  built: {len(ok)} module(s), {sum(sizes) / 1024:.0f} KiB "
-                  f"(smallest {min(sizes) / 1024:.0f} KiB, largest {max(sizes) / 1024:.0f} KiB)")
-            if args.verbose:
-                for s in ok:
-                    print(f"    {s.kernel_name}")
+        if args.dir and ok:
+            d = stores[0][0]
+            print(f"  built: {len(ok)} module(s), "
+                  + _kib(manifests[d], [ArtifactStore.artifact_id(s, t) for s in ok]))
+        elif ok or problems:
+            for d, what in stores:  # every store: a module in the cache and none in artifacts/ says so
+                here = in_store[d]
+                size = sum(manifests[d].get(ArtifactStore.artifact_id(s, t), {}).get("vmfb_bytes", 0)
+                           for s in here["ok"])
+                notes = [f"{size / 1024:.0f} KiB"] if here["ok"] else []
+                notes += [f"{len(here[k])} {k}" for k in ("stale", "corrupt", "unreadable") if here[k]]
+                notes += [] if os.path.isdir(d) else ["no such directory"]
+                print(f"  {len(here['ok'])} in {what} {d}" + (f" ({', '.join(notes)})" if notes else ""))
+        if args.verbose:
+            where = {d: what for d, what in stores}
+            for s in ok:
+                print(f"    {s.kernel_name}" + ("" if args.dir else f"  ({where[first[s]]})"))
         if missing and not ok and not problems and not args.verbose:
             print(f"  nothing built for this target (run `aclnn-iree build --target {t.name}`; -v lists the names)")
             continue
@@ -230,10 +402,6 @@ def _cmd_bench(args) -> int:
     from .tools.bench import run_bench
     if args.json:
         args.json = _writable_file(args.json, "benchmark results")
-    if args.threads < 1 or args.repeats < 1:
-        raise CliError("--threads and --repeats must be at least 1")
-    if args.threads > MAX_THREADS:
-        raise CliError(f"--threads is at most {MAX_THREADS} (this machine has {os.cpu_count()} CPUs)")
     _check_device(args.device)
     if args.roofline:
         return _roofline(args)
@@ -259,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     op_names = [op.name for op in OPERATORS]
     from .compiler.targets import TARGETS
 
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="aclnn-iree",
         description="aclnnGridSampler2DBackward / aclnnUpsampleBilinear2dBackwardV2 kernels compiled by IREE.")
     p.add_argument("--version", action=_Version, nargs=0,
@@ -278,7 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--target-cpu", metavar="CPU",
                         help="llvm-cpu: the CPU to compile for (default 'host', this machine's CPU; name one, "
                              "e.g. x86-64-v3, for portable modules; the runtime uses the default target's "
-                             "artifacts, so non-default ones are for embedding elsewhere)")
+                             "artifacts, so non-default ones are for embedding elsewhere; `help` lists the "
+                             "CPUs iree-compile knows)")
         sp.add_argument("--gpu-arch", metavar="ARCH",
                         help="vulkan-spirv / cuda: a named GPU architecture instead of the default "
                              "(vulkan-spirv: IREE's profiles, e.g. ampere, rdna3, valhall, whose dx uses the "
@@ -286,19 +455,22 @@ def build_parser() -> argparse.ArgumentParser:
                              "built into <target>-<arch>/, for embedding elsewhere")
 
     b = sub.add_parser("build", help="compile every specialisation ahead of time (default target llvm-cpu)",
-                       description="Render and compile every specialisation for the chosen targets.")
+                       description="Render and compile every specialisation for the chosen targets.  "
+                                   + _SEARCH_ORDER)
     selection(b, "llvm-cpu")
-    b.add_argument("--jobs", "-j", type=int, default=None, help="parallel compiles (default: CPU count)")
+    b.add_argument("--jobs", "-j", type=_count(1), default=None, help="parallel compiles (default: CPU count)")
     b.add_argument("--out", metavar="DIR", help="artifact directory (default: the project's artifacts/ in a source "
                                                 "checkout, else the per-user data directory)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.set_defaults(func=_cmd_build)
 
     ls = sub.add_parser("list", help="show what is built, for which targets, and what is missing",
-                        description="Show which specialisations are built in an artifact store, for which "
-                                    "targets, and which are missing, stale, corrupt or unreadable.")
+                        description="Show which specialisations are built, in which store, for which "
+                                    "targets, and which are missing, stale, corrupt or unreadable.  "
+                                    + _SEARCH_ORDER)
     selection(ls, "all")
-    ls.add_argument("--dir", metavar="DIR", help="artifact directory (default: where `build` writes)")
+    ls.add_argument("--dir", metavar="DIR", help="only this artifact directory (default: every store the runtime "
+                                                 "searches, in its order)")
     ls.add_argument("--verbose", "-v", action="store_true", help="list every kernel name")
     ls.set_defaults(func=_cmd_list)
 
@@ -306,7 +478,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "against its ground truth",
                        description="Estimates the disparity of a real stereo pair by gradient descent in PyTorch, "
                                    "with both operators (forward and backward) from our kernels, and scores it "
-                                   "against the ground truth (see README 'Quick start').")
+                                   "against the ground truth (see docs/getting-started.md).")
     d.add_argument("--out", metavar="DIR", help="output directory (default: demo_output/)")
     d.add_argument("--quick", action="store_true", help="quarter resolution, fewer steps (a few seconds)")
     d.add_argument("--kernels", "--backward", dest="backward", choices=["ours", "torch", "both"], default="ours",
@@ -320,16 +492,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     bn = sub.add_parser("bench", help="time our kernels beside PyTorch in one run and print the ratios",
                         description="Time every suite case through our kernels and beside PyTorch on the same "
-                                    "data and thread count, in one run, and print the ratios (README "
-                                    "'Performance').")
+                                    "data and thread count, in one run, and print the ratios (docs/performance.md).")
     bn.add_argument("--quick", action="store_true", help="a subset of the cases; float32 compile times only")
     bn.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    bn.add_argument("--threads", type=int, default=2, help="threads for us and for PyTorch (default 2)")
+    bn.add_argument("--threads", type=_count(1, MAX_THREADS, f" (this machine has {os.cpu_count()} CPUs)"), default=2,
+                    help="threads for us and for PyTorch (default 2)")
     bn.add_argument("--device", default="local-task", help="IREE device (default local-task)")
     bn.add_argument("--op", action="append", choices=op_names + ["torch"],
                     help="operator (repeatable; default: both); 'torch': training steps (forward + backward) "
                          "through aclnn_iree.torch beside PyTorch eager and torch.compile")
-    bn.add_argument("--repeats", type=int, default=10, help="timed runs per measurement (median; default 10)")
+    bn.add_argument("--repeats", type=_count(1), default=10, help="timed runs per measurement (median; default 10)")
     bn.add_argument("--no-compile", action="store_true", help="skip the compile-time measurements")
     bn.add_argument("--peers", action="store_true",
                     help="also time torch.compile (inductor's compiled backward) and JAX (jit of linear_transpose "
@@ -371,12 +543,10 @@ def main(argv=None) -> int:
     """Entry point of the `aclnn-iree` command; returns the exit status.
 
     A user's mistake or an unavailable resource prints one line, "error: ...", and
-    returns 1; a closed output pipe (`aclnn-iree list -v | head`) ends quietly.
+    returns 1, or 2 for a bad command line (UsageError; argparse's own raise SystemExit(2));
+    a closed output pipe (`aclnn-iree list -v | head`) ends quietly.
     """
-    args = build_parser().parse_args(argv)
-    if getattr(args, "jobs", None) is not None and args.jobs < 1:
-        print("error: --jobs must be at least 1", file=sys.stderr)
-        return 2
+    args = build_parser().parse_args(argv)  # a bad command line: one line, SystemExit(2) (_Parser)
     from .core.errors import AclnnError
     from .runtime.device import DeviceUnavailable
     old = warnings.showwarning
@@ -390,6 +560,9 @@ def main(argv=None) -> int:
     except ImportError as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 1
+    except UsageError as e:
+        print(f"error: {_one_line(e)}", file=sys.stderr)
+        return 2
     except (CliError, AclnnError, DeviceUnavailable, OSError) as e:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 1

@@ -2,17 +2,19 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import platform
 import re
 
 __all__ = ["Target", "TARGETS", "target_for_driver", "get_target", "build_args", "CPU_ARCH_ENV", "CpuArchError", "cpu_isa",
-           "cpu_gathers"]
+           "cpu_gathers", "CUDA_ARCHS", "llvm_cpu_names", "arch_problem"]
 
-# f64 kernels must stay f64: IREE demotes f64 to f32 by default (shared/IREE-NOTES.md).
+# f64 kernels must stay f64: IREE demotes f64 to f32 by default (docs/iree-notes.md#float64-demotion).
 _COMMON = ("--iree-input-demote-f64-to-f32=false",)
 
-# Features that gave right answers for f32/f16/bf16/f64 on Mesa's lavapipe (shared/IREE-NOTES.md).
+# Features that gave right answers for f32/f16/bf16/f64 on Mesa's lavapipe
+# (docs/iree-notes.md#vulkan-and-lavapipe).
 # Plus f32 atomic add (SPV_EXT_shader_atomic_float_add), which lavapipe and desktop
 # GPUs have; f64 atomic add is rarer (lavapipe lacks it), so f64 dx is ordered there.
 VULKAN_PORTABLE_FEATURES = (
@@ -94,6 +96,66 @@ def get_target(name: str, arch: str | None = None) -> Target:
     if arch and not _ARCH_FORMS[name].fullmatch(arch):
         raise ValueError(f"{arch!r} is not a {name} architecture (e.g. {_ARCH_EXAMPLES[name]})")
     return dataclasses.replace(t, arch=arch) if arch else t
+
+
+# The sm_NN that iree-base-compiler 3.13's CUDA target knows (IREE's KnownTargets.cpp; found by
+# compiling a one-dispatch module for each of sm_20 .. sm_130).  Others fail on every module
+# with "missing GPU target in #hal.executable.target" and the module's MLIR (no sm_90 or sm_100).
+CUDA_ARCHS = ("sm_60", "sm_61", "sm_62", "sm_70", "sm_72", "sm_75", "sm_80", "sm_86", "sm_87", "sm_89", "sm_120",
+              "sm_121")
+
+# One elementwise dispatch: what arch_problem compiles to ask iree-compile whether it knows an arch.
+_PROBE_MLIR = ("func.func @f(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {\n"
+               "  %c = arith.addf %a, %b : tensor<4xf32>\n  return %c : tensor<4xf32>\n}\n")
+
+
+def _iree_compile(args: list, source: str):
+    """iree-compile run on `source` (stdin) with `args`: the CompletedProcess, or None without the compiler."""
+    import subprocess
+    try:
+        from iree.compiler.tools.binaries import find_tool
+        return subprocess.run([find_tool("iree-compile"), *args, "-", "-o", os.devnull], input=source,
+                              capture_output=True, text=True, timeout=120)
+    except Exception:  # noqa: BLE001 - no compiler (ImportError, its binary missing), a hung one
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def llvm_cpu_names() -> tuple:
+    """The LLVM CPU names iree-compile accepts for llvm-cpu on this machine's instruction set, as
+    it lists them for a CPU it does not know (asked with `help`, about 0.02 s); `host` and
+    `generic` are accepted too.  () when the compiler is missing or lists none."""
+    flags = [f for f in TARGETS["llvm-cpu"].flags if not f.startswith("--iree-llvmcpu-target-cpu=")]
+    p = _iree_compile([*flags, "--iree-llvmcpu-target-cpu=help", "--compile-to=executable-sources"], _PROBE_MLIR)
+    m = re.search(r"List of accepted CPUs: (.*)", p.stderr) if p is not None else None
+    return tuple(n.strip() for n in m.group(1).split(",") if n.strip()) if m else ()
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_fails(flags: tuple) -> bool:
+    """Whether iree-compile fails on the probe module with `flags` (False without the compiler)."""
+    p = _iree_compile(list(flags), _PROBE_MLIR)
+    return p is not None and p.returncode != 0
+
+
+def arch_problem(target: Target) -> str | None:
+    """Why iree-compile would fail every module for `target`'s arch (a CPU it does not know, an
+    sm_NN its CUDA target lacks, a Vulkan profile it has no table for), asked before any kernel
+    compiles, or None.  The default archs are not asked; nothing is, without the compiler."""
+    if target.arch == TARGETS[target.name].arch:
+        return None
+    if target.name == "llvm-cpu":
+        if target.arch in ("host", "generic"):
+            return None
+        names = llvm_cpu_names()
+        if names:  # its list: 0.02 s for every CPU, where a probe compile takes 0.1 s for one
+            return None if target.arch in names else f"{target.arch!r} is not a CPU iree-compile knows for " \
+                                                     f"{platform.machine()}"
+    elif target.name == "cuda" and target.arch in CUDA_ARCHS:
+        return None
+    if _probe_fails(target.flags):
+        return f"{target.arch!r} is not a {target.name} architecture iree-compile knows"
+    return None
 
 
 CPU_ARCH_ENV = "ACLNN_IREE_CPU_ARCH"

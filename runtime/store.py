@@ -1,6 +1,6 @@
 """Resolves a specialisation to a compiled module for a device.
 
-Order (README "Where modules come from"):
+Order (docs/build.md#where-modules-come-from):
 1. an artifacts directory given by the caller (`set_artifacts_dir`) or by the
    environment variable ACLNN_IREE_ARTIFACTS (read when used, not at import);
 2. the default artifacts directory, where `aclnn-iree build` writes: the project's
@@ -16,9 +16,13 @@ ACLNN_IREE_CPU_ARCH (e.g. x86-64-v3: modules that travel to other machines).
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import platform
 import stat
+import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -28,8 +32,10 @@ from ..compiler.files import cache_dir  # the per-user cache (or ACLNN_IREE_CACH
 from ..compiler.key import host_cpu, host_feature_table
 from ..compiler.targets import CPU_ARCH_ENV, build_args, target_for_driver
 
+_log = logging.getLogger(__name__)
+
 __all__ = ["ArtifactMissing", "UnsupportedCpu", "is_offline", "load_module_bytes", "prepare", "set_artifacts_dir", "set_offline",
-           "search_dirs", "cache_dir", "PROJECT_ARTIFACTS", "default_artifacts_dir"]
+           "search_dirs", "search_order", "cache_dir", "PROJECT_ARTIFACTS", "default_artifacts_dir"]
 
 
 def default_artifacts_dir() -> Path:
@@ -115,6 +121,19 @@ def search_dirs() -> list:
     return list(dict.fromkeys(dirs))
 
 
+def search_order() -> str:
+    """Where modules are looked for, in order, with this process's directories: one line
+    (`aclnn-iree list` prints it).  ACLNN_IREE_ARTIFACTS adds a store; it hides none."""
+    parts = [f"{_explicit_dir} (set_artifacts_dir)"] if _explicit_dir else []
+    env = os.environ.get("ACLNN_IREE_ARTIFACTS")
+    if env:
+        parts.append(f"ACLNN_IREE_ARTIFACTS={os.path.abspath(env)}")
+    parts += [f"{PROJECT_ARTIFACTS} (where `aclnn-iree build` writes)",
+              f"the compile cache {cache_dir()} (where first use compiles them)"]
+    return ("modules are looked for in " + ", then ".join(parts)
+            + ("" if env else "; ACLNN_IREE_ARTIFACTS=DIR would add DIR before them"))
+
+
 _warned_writable: set = set()
 
 
@@ -177,7 +196,63 @@ def _resolve(spec, target):
             f"{why}: no valid artifact for {spec.kernel_name} ({target_folder(target)}); looked for "
             + ", ".join(found) + f". Build it first: `aclnn-iree build {build_args(target)}`, here or on a "
             "machine with the compiler (then point ACLNN_IREE_ARTIFACTS at the folder).")
-    return cache.get_or_build(spec, target), cache
+    data = cache.lookup(spec, target, warn=False)  # get_or_build warns of a damaged one
+    if data is None:
+        data = _compile_on_first_use(cache, spec, target)
+    return data, cache
+
+
+_announced: set = set()  # target folders whose first compile on first use this process announced
+_announced_lock = threading.Lock()
+
+
+def _compile_on_first_use(cache, spec, target) -> bytes:
+    """cache.get_or_build(spec, target) for a module no store holds, said first in one log
+    line (logger "aclnn_iree.runtime.store"): the kernel, the target, that it takes seconds
+    once, and the command that builds every kernel ahead.  WARNING for a target's first such
+    compile in the process, which Python prints to stderr without any logging set up; INFO
+    for the others (a first call of a model compiles dozens).  Where stderr is a terminal a
+    progress bar counts the seconds; elsewhere nothing but the log line is printed."""
+    folder = target_folder(target)
+    with _announced_lock:
+        first = folder not in _announced
+        _announced.add(folder)
+    _log.log(logging.WARNING if first else logging.INFO,
+             "compiling %s for %s on first use: a few seconds, once (kept in %s); `aclnn-iree build %s` "
+             "compiles every kernel ahead of time", spec.kernel_name, folder, cache.root, build_args(target))
+    with _elapsed_bar(f"compiling {spec.kernel_name} for {folder}"):
+        return cache.get_or_build(spec, target)
+
+
+def _stderr_is_terminal() -> bool:
+    try:
+        return sys.stderr is not None and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without isatty, or closed
+        return False
+
+
+@contextlib.contextmanager
+def _elapsed_bar(label: str):
+    """A tqdm bar showing `label` and the seconds spent in the block, refreshed twice a second,
+    and cleared after it; only where stderr is a terminal (no output, no thread elsewhere)."""
+    if not _stderr_is_terminal():
+        yield
+        return
+    from tqdm import tqdm  # not tqdm.auto: its notebook and rich forms warn (TqdmExperimentalWarning)
+    bar = tqdm(total=1, desc=label, bar_format="{desc} ({elapsed})", file=sys.stderr, leave=False)
+    done = threading.Event()
+
+    def tick():  # tqdm redraws only on update(): one compile is one update, seconds later
+        while not done.wait(0.5):
+            bar.refresh()
+    ticker = threading.Thread(target=tick, name="aclnn-iree-compile-bar", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        ticker.join()
+        bar.close()
 
 
 def prepare(specs, device_name: str, jobs: int | None = None, progress: bool = False):

@@ -5,7 +5,9 @@ that IREE cannot load.  Each test repeats what an attack did."""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import logging
 import re
 import os
 import shutil
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -601,3 +604,80 @@ def test_lock_files_take_the_stores_permissions(tmp_path):
     locks = [p for p in root.rglob("*.lock")]
     assert len(locks) >= 2 and all(os.stat(p).st_mode & 0o777 == 0o640 for p in locks), \
         [(str(p), oct(os.stat(p).st_mode)) for p in locks]
+
+
+# ----------------------------------------------------------------------------- compile on first use (issue 47)
+class _Records(logging.Handler):
+    """Keeps every record it is given (caplog belongs to pytest's logging plugin, which
+    `-p no:logging` leaves out)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def first_use_log(monkeypatch):
+    """The records of the "aclnn_iree" loggers at INFO and above during the test, in a process
+    that has announced no compile on first use yet."""
+    handler, logger = _Records(), logging.getLogger("aclnn_iree")
+    monkeypatch.setattr(store, "_announced", set())
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler.records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def _first_use_line(spec, cache) -> str:
+    return (f"compiling {spec.kernel_name} for llvm-cpu on first use: a few seconds, once (kept in {cache}); "
+            f"`aclnn-iree build --target llvm-cpu` compiles every kernel ahead of time")
+
+
+def test_a_compile_on_first_use_says_which_and_how_to_build_ahead(isolated, first_use_log, monkeypatch):
+    """A first call sat silent for seconds while its kernel compiled: now one log line (WARNING
+    for the target's first compile in the process, INFO after) and, on a terminal, a bar
+    counting the seconds, which warns of nothing."""
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, _, path = store.load_module_bytes(SPEC, "local-task")
+    assert path.startswith(str(isolated)) and not caught, [str(w.message) for w in caught]
+    (record,) = first_use_log
+    assert (record.name, record.levelno) == ("aclnn_iree.runtime.store", logging.WARNING)
+    assert record.getMessage() == _first_use_line(SPEC, isolated)
+    shown = terminal.getvalue()
+    assert f"compiling {SPEC.kernel_name} for llvm-cpu (00:" in shown, shown
+    assert shown.split("\r")[-1].strip() == "", shown  # cleared when the compile is done
+
+    store.load_module_bytes(SPEC, "local-task")  # in the cache now: nothing to say
+    assert len(first_use_log) == 1
+    other = GridSamplerSpec("nearest", "zeros", False, "float32")
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: no bar
+    store.load_module_bytes(other, "local-task")
+    assert [r.levelno for r in first_use_log] == [logging.WARNING, logging.INFO]
+    assert first_use_log[1].getMessage() == _first_use_line(other, isolated) and sys.stderr.getvalue() == ""
+
+
+def test_without_logging_set_up_a_compile_on_first_use_prints_its_line_alone(tmp_path):
+    """What a user sees who set up no logging, stderr not a terminal: the one WARNING line
+    (Python's last-resort handler), no bar, nothing else."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(_HIDE) + textwrap.dedent("""
+        from aclnn_iree.compiler import GridSamplerSpec
+        store.load_module_bytes(GridSamplerSpec("bilinear", "zeros", False, "float32"), "local-task")
+        print("OK")
+    """)], env={**os.environ, **_child_env(cache)}, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and p.stdout == "OK\n", p.stdout + p.stderr
+    assert p.stderr.splitlines() == [_first_use_line(SPEC, cache)], p.stderr
