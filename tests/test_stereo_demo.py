@@ -268,3 +268,16 @@ def test_figure_leaves_pyplot_and_the_backend_alone(tmp_path, monkeypatch):
     from PIL import Image
     with Image.open(tmp_path / "f.png") as im:
         assert im.size[0] > 1000
+
+
+@pytest.mark.parametrize("which", ["stereo", "photo"])
+def test_demo_refuses_a_file_as_its_output_directory(tmp_path, which):
+    """Called from Python with a file as the output directory, both demos say so before any
+    work (the CLI checks the same first), rather than failing in makedirs with 'File exists'."""
+    from aclnn_iree.tools import demo, stereo_demo
+    target = tmp_path / "a_file"
+    target.write_text("keep me")
+    run = stereo_demo.run_stereo_demo if which == "stereo" else demo.run_demo
+    with pytest.raises(NotADirectoryError, match="is not a directory"):
+        run(out_dir=str(target), quick=True, log=lambda *a: None)
+    assert target.read_text() == "keep me"

@@ -376,10 +376,12 @@ def run_demo(out_dir="demo_output", quick: bool = False, device: str = "local-ta
     quick: 128x128 photo and fewer steps (otherwise 256x256).  Raises
     AssertionError when the registration misses theta by REGISTRATION_BOUND or
     more, or the low-res loss does not fall monotonically to within
-    LOWRES_GAP_BOUND of the least-squares optimum.
+    LOWRES_GAP_BOUND of the least-squares optimum, NotADirectoryError when out_dir is a file.
     """
     t_start = time.perf_counter()
     out_dir = os.path.abspath(os.fspath(out_dir))
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise NotADirectoryError(f"{out_dir} is not a directory: the demo writes its files into one")
     os.makedirs(out_dir, exist_ok=True)
     size = 128 if quick else 256
     photo = load_photo(size)

@@ -146,6 +146,8 @@ def run_stereo_demo(out_dir="demo_output", quick: bool = False, backward: str = 
         raise ImportError(f"the demo needs PyTorch and scikit-image: {install_command('demo')} (docs/getting-started.md"
                           "#install; `aclnn-iree demo --photo` needs no PyTorch)") from None
     import aclnn_iree.torch as AT
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise NotADirectoryError(f"{out_dir} is not a directory: the demo writes its files into one")
     os.makedirs(out_dir, exist_ok=True)
     if not os.access(out_dir, os.W_OK):
         raise PermissionError(f"cannot write into {out_dir}")
