@@ -26,7 +26,7 @@ ACLNN_ERR_INNER_KEY_CONFLICT = 561105
 ACLNN_ERR_INNER_INVALID_IMPL_MODE = 561106
 ACLNN_ERR_INNER_OPP_PATH_NOT_FOUND = 561107
 ACLNN_ERR_INNER_OPP_KERNEL_PKG_NOT_FOUND = 561112
-ACLNN_ERR_INNER_STATIC_WORKSPACE_INVALID = 561118  # workspace missing, too small or on another device
+ACLNN_ERR_INNER_STATIC_WORKSPACE_INVALID = 561118  # CANN's; not returned: a bad workspace is 161001 or 161002 (docs/status-codes.md#phase-2)
 
 STATUS_NAMES = {v: k for k, v in globals().items() if k.startswith("ACLNN_") and isinstance(v, int)}
 
