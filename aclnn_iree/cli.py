@@ -163,12 +163,21 @@ def _writable_file(path: str, what: str) -> str:
     return path
 
 
+# The IREE drivers the layers name (a driver URI such as "vulkan://1" starts with one of them).
+DEVICE_NAMES = ("local-task", "local-sync", "vulkan", "cuda")
+
+
 def _check_device(name: str):
+    """Raises UsageError (exit 2) for a name that is no IREE driver's, CliError (exit 1) for a
+    driver this machine cannot open."""
     from .runtime.device import DeviceUnavailable, get_device
+    if not any(name == d or name.startswith(d + "://") for d in DEVICE_NAMES):
+        raise UsageError(f"--device {name!r} is not an IREE device this package uses; choose one of "
+                         f"{', '.join(DEVICE_NAMES)}")
     try:
         get_device(name)
     except DeviceUnavailable as e:
-        raise CliError(f"{e}; choose another with --device (local-task, local-sync, vulkan, cuda)") from None
+        raise CliError(f"{e}; choose another with --device ({', '.join(DEVICE_NAMES)})") from None
 
 
 def _first_error_line(message: str) -> str:
@@ -429,7 +438,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _Parser(
         prog="aclnn-iree",
-        description="aclnnGridSampler2DBackward / aclnnUpsampleBilinear2dBackwardV2 kernels compiled by IREE.")
+        description="aclnnGridSampler2D, aclnnUpsampleBilinear2d and their backward operators, compiled by IREE "
+                    "for CPUs, Vulkan and CUDA.")
     p.add_argument("--version", action=_Version, nargs=0,
                    help="print the versions of aclnn-iree, IREE's compiler and runtime, and PyTorch")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -499,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="threads for us and for PyTorch (default 2)")
     bn.add_argument("--device", default="local-task", help="IREE device (default local-task)")
     bn.add_argument("--op", action="append", choices=op_names + ["torch"],
-                    help="operator (repeatable; default: both); 'torch': training steps (forward + backward) "
+                    help="operator (repeatable; default: every operator); 'torch': training steps (forward + backward) "
                          "through aclnn_iree.torch beside PyTorch eager and torch.compile")
     bn.add_argument("--repeats", type=_count(1), default=10, help="timed runs per measurement (median; default 10)")
     bn.add_argument("--no-compile", action="store_true", help="skip the compile-time measurements")

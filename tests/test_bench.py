@@ -181,3 +181,13 @@ def test_forward_cases_beside_their_peers(case):
     row, ours = bench.run_case(case, "local-task", repeats=1, torch=torch, peers=peers)
     assert row["torch_max_rel_diff"] < bench.PEER_DIFF_WARN and row["torch_compile_max_rel_diff"] < bench.PEER_DIFF_WARN
     assert row["op"] == case.op and len(ours) == 1
+
+
+def test_compile_times_follow_the_chosen_operators():
+    """`bench --op X` times the compile of X's specialisations only (it had compiled every
+    operator's), each compiled afresh into an empty store."""
+    from aclnn_iree.compiler.specs import all_specs
+    r = bench.compile_times(jobs=2, quick=True, ops=["upsample_bilinear2d"])
+    want = len(list(all_specs(ops=["upsample_bilinear2d"], dtypes=["float32"])))
+    assert r["count"] == want and want > 0 and r["failed"] == 0 and r["dtypes"] == "float32"
+    assert r["one_specialisation_s"] > 0 and r["all_specialisations_s"] > 0

@@ -90,6 +90,14 @@ def test_unavailable_device_is_one_line_in_every_subcommand(tmp_path):
         assert "stream must be" not in line
 
 
+def test_a_device_no_driver_has_is_a_usage_error(tmp_path):
+    """A --device that names no IREE driver is a bad command line (exit 2), said before any
+    work, in both subcommands that take one; a known driver this machine lacks is a failure
+    (exit 1, above)."""
+    for args in (["bench", "--device", "bogus", "--quick"], ["demo", "--device", "bogus", "--out", str(tmp_path)]):
+        assert_one_error_line(cli(*args), "'bogus'", "local-task", code=2)
+
+
 def test_unwritable_output_directories(unwritable, tmp_path):
     d, user = unwritable
     env = {"ACLNN_IREE_CACHE": str(tmp_path / "cache")}

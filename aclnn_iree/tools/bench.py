@@ -278,20 +278,21 @@ def _in_child(case_name: str, device: str, threads: int, repeats: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def compile_times(jobs: int, quick: bool) -> dict:
-    """Seconds to compile all CPU specialisations into an empty store, and one alone (JIT)."""
+def compile_times(jobs: int, quick: bool, ops=None) -> dict:
+    """Seconds to compile the CPU specialisations of `ops` (operator names; None: all) into an
+    empty store, and the first of them alone (as on first use)."""
     from ..compiler.build import ArtifactStore
-    from ..compiler.specs import GridSamplerSpec, all_specs
+    from ..compiler.specs import all_specs
     from ..compiler.targets import TARGETS
     dtypes = ["float32"] if quick else None
+    specs = list(all_specs(ops=ops, dtypes=dtypes))
     with tempfile.TemporaryDirectory() as d:
         t = time.perf_counter()
-        ArtifactStore(d + "/one").build_one(GridSamplerSpec("bilinear", "zeros", False), TARGETS["llvm-cpu"])
+        ArtifactStore(d + "/one").build_one(specs[0], TARGETS["llvm-cpu"])
         one = time.perf_counter() - t
-        res = ArtifactStore(d + "/all").build(list(all_specs(dtypes=dtypes)), [TARGETS["llvm-cpu"]], jobs=jobs,
-                                              progress=False)
+        res = ArtifactStore(d + "/all").build(specs, [TARGETS["llvm-cpu"]], jobs=jobs, progress=False)
     return {"one_specialisation_s": one, "all_specialisations_s": res.seconds, "count": res.compiled,
-            "dtypes": dtypes or "all", "failed": len(res.failed)}
+            "dtypes": ", ".join(dtypes) if dtypes else "all dtypes", "failed": len(res.failed)}
 
 
 def tiny_overhead(device, repeats: int = 200) -> float:
@@ -430,7 +431,7 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
             line += f"; PyTorch .cuda() / .cpu(): {r['torch_upload_gbps']:.2f} / {r['torch_download_gbps']:.2f} GB/s"
         out(line)
     if compile:
-        ct = compile_times(jobs=threads, quick=quick)
+        ct = compile_times(jobs=threads, quick=quick, ops=ops)
         result["compile"] = ct
         out(f"compile: one specialisation {ct['one_specialisation_s']:.2f} s; all {ct['count']} CPU "
             f"specialisations ({ct['dtypes']}) {ct['all_specialisations_s']:.1f} s on {threads} jobs")
