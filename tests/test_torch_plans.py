@@ -137,6 +137,26 @@ def test_memory_a_plan_cannot_import_takes_the_general_path(general):
     assert general == ["run_grid_sampler_forward"] * 2  # the first call, and the shifted one
 
 
+def test_negated_views_are_read_as_their_values(general):
+    """A tensor with PyTorch's lazy negative bit (torch._neg_view: its memory holds -t)
+    is read as its values on the general path and never by a plan (DLPack exports the raw
+    memory): the same results as PyTorch's on -x, first call and repeats alike."""
+    import torch.nn.functional as F
+    x, grid, go = _grid_calls(torch.float32, 11)
+    n = torch._neg_view(x)
+    assert n.is_neg()
+    for _ in range(3):  # the first call leaves plans; the repeats must not read the raw memory
+        torch.testing.assert_close(AT.grid_sample(n, grid, align_corners=False),
+                                   F.grid_sample(-x, grid, align_corners=False), rtol=0, atol=0)
+        torch.testing.assert_close(AT.interpolate(n, size=(9, 5), mode="bilinear", align_corners=False),
+                                   F.interpolate(-x, size=(9, 5), mode="bilinear", align_corners=False),
+                                   rtol=0, atol=0)
+        dx, dg = OPS.grid_sampler_2d_backward(torch._neg_view(go), x, grid, 0, 0, False, [True, True])
+        ex, eg = torch.ops.aten.grid_sampler_2d_backward(-go, x, grid, 0, 0, False, [True, True])
+        torch.testing.assert_close(dx, ex)
+        torch.testing.assert_close(dg, eg)
+
+
 def test_plans_are_per_thread_and_forget_unloaded_modules(general):
     x, grid, _ = _grid_calls(torch.float32, seed=4)
     want = _np(OPS.grid_sampler_2d(x, grid, 0, 1, True)).copy()

@@ -117,6 +117,8 @@ def _storage(device, t: torch.Tensor, fmt: str = "ND", output: bool = False) -> 
     reading and writing but not for discarding writes, which the kernels' fills and whole
     overwrites ask for ("buffer allows READ|WRITE, operation requires DISCARD_WRITE").
     """
+    if t.is_neg():  # a lazily negated view (torch._neg_view): its memory holds -t; DLPack exports it as is
+        t = t.resolve_neg()
     cuda = t.device.type == "cuda"
     if t.numel() and (cuda or device.is_host):
         if cuda and t.data_ptr() % 64:
@@ -251,7 +253,7 @@ class Plan:
         views = []
         from_dlpack = self._from_dlpack
         for t in inputs:  # imported in place (_storage); to_dlpack takes a tensor that requires grad
-            if t.data_ptr() % 64 or not t.numel():
+            if t.data_ptr() % 64 or not t.numel() or t.is_neg():  # a negated view: _storage resolves it
                 return False
             views.append(from_dlpack(to_dlpack(t)))
         host, element = self._host, self._element_type
