@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
+import sys
 
 from .render import numbered
 
@@ -42,6 +43,19 @@ def compiler_version() -> str | None:
         return version("iree-base-compiler")
     except (ImportError, PackageNotFoundError):
         return None
+
+
+def _settle_compiler_import():
+    """Before a fork: where another thread is importing iree.compiler (compiler_version's
+    first call), wait for that import to end, so that the child does not inherit the
+    module's import lock held by a thread it does not have (its first lookup then hung
+    forever).  Nothing to do, and no import, where nobody has started one."""
+    if "iree.compiler" in sys.modules:
+        compiler_version()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_settle_compiler_import)
 
 
 def compiler_available() -> bool:
