@@ -52,6 +52,34 @@ def _process_lock(root: str) -> threading.Lock:
         return _process_locks.setdefault(root, threading.Lock())
 
 
+_malformed_seen: set = set()
+
+
+def _malformed_manifest(path: str, why: str):
+    """Warns, once per process and version of the file, that the manifest at `path` is
+    malformed and its store is taken as empty (its modules are not loaded; a build into the
+    store rewrites the manifest with what it builds)."""
+    try:
+        st = os.stat(path)
+        seen = (path, st.st_ino, st.st_mtime_ns, st.st_size)
+    except OSError:
+        seen = (path,)
+    if seen in _malformed_seen:
+        return
+    _malformed_seen.add(seen)
+    warnings.warn(f"{path} is {why}: the store is taken as empty (its modules are not loaded; a build into it "
+                  "rewrites the manifest)", RuntimeWarning, stacklevel=4)
+
+
+def _workspace_bytes(name, constant) -> int:
+    """A module's constant workspace size (its reflection's decimal string) as bytes; raises
+    ValueError for anything but a decimal count below 2^63 (an i64, as the companion returns)."""
+    text = str(constant)
+    if not text.isascii() or not text.isdigit() or int(text) >= 1 << 63:
+        raise ValueError(f"the constant workspace size of {name} is {constant!r}, not a byte count")
+    return int(text)
+
+
 def calls_record(spec, target, exports: dict) -> dict:
     """A module's manifest "calls" record (docs/embedding.md): the spec's rules and function
     arguments (spec.calls) with each function's workspace from the module's reflection
@@ -65,8 +93,10 @@ def calls_record(spec, target, exports: dict) -> dict:
         export = exports.get(name) or {}
         constant = export.get("transients_size_constant")
         size_name = export.get("transients_size_function") or name + "_transients_size"
+        if not isinstance(size_name, str):
+            raise TypeError(f"the transients size function of {name} is {size_name!r}, not a name")
         function["workspace"] = {
-            "bytes": int(constant) if constant is not None else None,
+            "bytes": _workspace_bytes(name, constant) if constant is not None else None,
             "size_function": {"name": size_name, "arguments": [a["name"] for a in function["arguments"]],
                               "null_arguments": ["workspace", "wait_fence", "signal_fence"], "result": "i64"}
             if size_name in exports else None}
@@ -120,13 +150,13 @@ class ArtifactStore:
         path = os.path.join(self.root, MANIFEST)
         try:
             m = json.loads(read_regular(path, MANIFEST_MAX_BYTES))
-        except RecursionError:  # nested deeper than json can parse: malformed, as a ValueError is
-            return {"artifacts": {}}
         except FileNotFoundError:
             return {"artifacts": {}}
-        except ValueError:
+        except (ValueError, RecursionError) as e:  # RecursionError: nested deeper than json parses
+            _malformed_manifest(path, f"not JSON ({type(e).__name__})")
             return {"artifacts": {}}
         if not isinstance(m, dict) or not isinstance(m.get("artifacts"), dict):
+            _malformed_manifest(path, 'not an object with an "artifacts" object')
             return {"artifacts": {}}
         return m
 
@@ -166,9 +196,11 @@ class ArtifactStore:
 
     def _lock_mode(self) -> int:
         """Lock files take the store's own permissions (its directory's read and write bits):
-        writable by whoever may write the store, and by nobody else."""
+        writable by whoever may write the store, and by nobody else.  The owner always reads
+        and writes its own lock (filelock refuses a lock file mode without both; root may
+        write into a store whose directory lacks the owner's write bit)."""
         try:
-            return stat.S_IMODE(os.stat(self.root).st_mode) & 0o666
+            return stat.S_IMODE(os.stat(self.root).st_mode) & 0o666 | 0o600
         except OSError:
             return 0o644
 
@@ -192,7 +224,15 @@ class ArtifactStore:
         for spec, target in pairs:
             entry = self._entry(spec, target)
             if isinstance(entry, dict) and isinstance(entry.get("exports"), dict):
-                calls = calls_record(spec, target, entry["exports"])
+                try:
+                    calls = calls_record(spec, target, entry["exports"])
+                except (TypeError, ValueError, AttributeError, OverflowError, KeyError) as e:
+                    # a tampered or damaged "exports" whose key and sha256 still match: keep the
+                    # module, say which entry, leave its record as it is
+                    warnings.warn(f"{os.path.join(self.root, MANIFEST)}: the entry of {self.artifact_id(spec, target)} "
+                                  f"has malformed \"exports\" ({type(e).__name__}: {e}); its \"calls\" record is not "
+                                  "updated (delete the entry to rebuild it)", RuntimeWarning, stacklevel=3)
+                    continue
                 if entry.get("calls") != calls:
                     updates[self.artifact_id(spec, target)] = (entry.get("key"), calls)
         if not updates:
@@ -264,7 +304,8 @@ class ArtifactStore:
         data, state, problem = self.find(spec, target)
         if state not in ("ok", "missing") and warn:
             path = self.paths(spec, target)["vmfb"]
-            then = "it will be rebuilt" if state != "unreadable" else "it is skipped"
+            then = ("it is skipped" if state == "unreadable" else
+                    "it is not loaded (the next build into this store rebuilds it)")
             warnings.warn(f"artifact {path}: {problem}; {then}", RuntimeWarning, stacklevel=3)
         return data
 

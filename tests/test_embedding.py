@@ -532,3 +532,30 @@ def test_build_adds_missing_calls_records(shared_store, tmp_path):
     mtime = path.stat().st_mtime_ns
     assert st.build(DOC_SPECS, [TARGET], jobs=1, progress=False).compiled == 0
     assert path.stat().st_mtime_ns == mtime  # nothing to add: the manifest is not rewritten
+
+
+@pytest.mark.parametrize("damage", ["constant_text", "constant_inf", "constant_huge", "export_str", "size_fn_list"])
+def test_build_keeps_a_module_whose_exports_are_damaged(shared_store, tmp_path, damage):
+    """A manifest entry whose "exports" were damaged (by hand or by a bad copy) while its key
+    and sha256 still match: the next build warns naming the entry and finishes (it raised a
+    traceback), the module still counts as built and its old record stays."""
+    copy = tmp_path / "artifacts"
+    shutil.copytree(shared_store.root, copy, ignore=shutil.ignore_patterns("*.lock"))
+    path = copy / "manifest.json"
+    m = json.loads(path.read_text())
+    spec = DOC_SPECS[0]
+    aid = ArtifactStore(copy).artifact_id(spec, TARGET)
+    exports = m["artifacts"][aid]["exports"]
+    name = sorted(exports)[0]
+    if damage == "export_str":
+        exports[name] = "not an export"
+    elif damage == "size_fn_list":
+        exports[name]["transients_size_function"] = ["x"]
+    else:
+        exports[name]["transients_size_constant"] = {"constant_text": "abc", "constant_inf": float("inf"),
+                                                     "constant_huge": "9" * 40}[damage]
+    del m["artifacts"][aid]["calls"]
+    path.write_text(json.dumps(m))
+    with pytest.warns(RuntimeWarning, match=f"{aid} has malformed \"exports\""):
+        res = ArtifactStore(copy).build([spec], [TARGET], jobs=1, progress=False)
+    assert res.compiled == 0 and res.reused == 1 and not res.failed

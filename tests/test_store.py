@@ -207,10 +207,15 @@ def test_malformed_manifest_entry_is_corrupt_and_rebuilt(isolated, bad):
 
 
 def test_malformed_manifest_file_is_an_empty_store(tmp_path):
-    for text in ("[]", '{"artifacts": []}', "not json", '"x"'):
-        Path(tmp_path, "manifest.json").write_text(text)
-        assert ArtifactStore(tmp_path).manifest() == {"artifacts": {}}
-        assert ArtifactStore(tmp_path).status(SPEC, TARGET) == "missing"
+    """A malformed manifest makes an empty store, said once per version of the file (it had
+    been silent: a store's modules vanished without a word)."""
+    for i, text in enumerate(("[]", '{"artifacts": []}', "not json", '"x"')):
+        Path(tmp_path, "manifest.json").write_text(text + " " * i)  # each its own size: a new version
+        with pytest.warns(RuntimeWarning, match="the store is taken as empty"):
+            assert ArtifactStore(tmp_path).manifest() == {"artifacts": {}}
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the same file again: no second warning
+            assert ArtifactStore(tmp_path).status(SPEC, TARGET) == "missing"
 
 
 @pytest.mark.parametrize("umask,mode", [(0o022, 0o644), (0o002, 0o664)], ids=["umask022", "umask002"])
@@ -488,7 +493,8 @@ def test_a_manifest_nested_too_deep_to_parse_is_an_empty_store(tmp_path):
     in every call instead of skipping the store."""
     st = _built_store(tmp_path / "store")
     Path(st.root, "manifest.json").write_text("[" * 200000 + "]" * 200000)
-    assert st.manifest() == {"artifacts": {}} and st.status(SPEC, TARGET) == "missing"
+    with pytest.warns(RuntimeWarning, match="not JSON"):
+        assert st.manifest() == {"artifacts": {}} and st.status(SPEC, TARGET) == "missing"
 
 
 def test_another_kernels_module_under_a_forged_entry_names_its_file(isolated):
