@@ -115,14 +115,24 @@ def _count(low: int, high: int | None = None, note: str = ""):
     """An argparse type: a whole number from `low` to `high` (None: no limit), else argparse's
     one-line usage error naming the range (and `note`)."""
     def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            n = None
+        # plain ASCII digits only: int() would also take ' 2', '+3', '1_000' and other scripts' digits
+        n = int(text) if text.isascii() and text.isdigit() and len(text) < 20 else None
         if n is None or n < low or (high is not None and n > high):
             span = f"from {low} to {high}" if high is not None else f"of at least {low}"
             raise argparse.ArgumentTypeError(f"must be a whole number {span}{note}, got {text!r}")
         return n
+    return parse
+
+
+def _text(what: str):
+    """An argparse type: a non-empty value (an empty --out would mean the default store, an
+    empty --target-cpu the host's: a script's unset variable must not pick them silently)."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"{what} is empty")
+        if "\0" in text:
+            raise argparse.ArgumentTypeError(f"{what} holds a NUL character")
+        return text
     return parse
 
 
@@ -153,6 +163,8 @@ def _writable_file(path: str, what: str) -> str:
     """`path` as an absolute file that can be written (checked now, before the work), else CliError."""
     path = os.path.abspath(path)
     existed = os.path.exists(path)
+    if existed and not os.path.isfile(path):  # a FIFO would block the open until a reader came
+        raise UsageError(f"{path} is not a regular file: name a file for the {what}")
     try:
         with open(path, "a"):
             pass
@@ -453,12 +465,12 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--kernel", action="append", metavar="GLOB",
                         help="only kernels whose name matches this shell pattern (repeatable), "
                              "e.g. '*bilinear_zeros*'")
-        sp.add_argument("--target-cpu", metavar="CPU",
+        sp.add_argument("--target-cpu", metavar="CPU", type=_text("the CPU"),
                         help="llvm-cpu: the CPU to compile for (default 'host', this machine's CPU; name one, "
                              "e.g. x86-64-v3, for portable modules; the runtime uses the default target's "
                              "artifacts, so non-default ones are for embedding elsewhere; `help` lists the "
                              "CPUs iree-compile knows)")
-        sp.add_argument("--gpu-arch", metavar="ARCH",
+        sp.add_argument("--gpu-arch", metavar="ARCH", type=_text("the GPU architecture"),
                         help="vulkan-spirv / cuda: a named GPU architecture instead of the default "
                              "(vulkan-spirv: IREE's profiles, e.g. ampere, rdna3, valhall, whose dx uses the "
                              "ordered form (no float atomics in those profiles); cuda: e.g. sm_86); "
@@ -468,8 +480,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Render and compile every specialisation for the chosen targets.  "
                                    + _SEARCH_ORDER)
     selection(b, "llvm-cpu")
-    b.add_argument("--jobs", "-j", type=_count(1), default=None, help="parallel compiles (default: CPU count)")
-    b.add_argument("--out", metavar="DIR", help="artifact directory (default: the project's artifacts/ in a source "
+    b.add_argument("--jobs", "-j", type=_count(1, 1024), default=None, help="parallel compiles (default: CPU count)")
+    b.add_argument("--out", metavar="DIR", type=_text("the directory"), help="artifact directory (default: the project's artifacts/ in a source "
                                                 "checkout, else the per-user data directory)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.set_defaults(func=_cmd_build)
@@ -479,7 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
                                     "targets, and which are missing, stale, corrupt or unreadable.  "
                                     + _SEARCH_ORDER)
     selection(ls, "all")
-    ls.add_argument("--dir", metavar="DIR", help="only this artifact directory (default: every store the runtime "
+    ls.add_argument("--dir", metavar="DIR", type=_text("the directory"), help="only this artifact directory (default: every store the runtime "
                                                  "searches, in its order)")
     ls.add_argument("--verbose", "-v", action="store_true", help="list every kernel name")
     ls.set_defaults(func=_cmd_list)
@@ -489,7 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Estimates the disparity of a real stereo pair by gradient descent in PyTorch, "
                                    "with both operators (forward and backward) from our kernels, and scores it "
                                    "against the ground truth (see docs/getting-started.md).")
-    d.add_argument("--out", metavar="DIR", help="output directory (default: demo_output/)")
+    d.add_argument("--out", metavar="DIR", type=_text("the directory"), help="output directory (default: demo_output/)")
     d.add_argument("--quick", action="store_true", help="quarter resolution, fewer steps (a few seconds)")
     d.add_argument("--kernels", "--backward", dest="backward", choices=["ours", "torch", "both"], default="ours",
                    help="whose grid_sample and interpolate kernels, forward and backward: ours (default), "
@@ -504,14 +516,14 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Time every suite case through our kernels and beside PyTorch on the same "
                                     "data and thread count, in one run, and print the ratios (docs/performance.md).")
     bn.add_argument("--quick", action="store_true", help="a subset of the cases; float32 compile times only")
-    bn.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    bn.add_argument("--json", metavar="FILE", type=_text("the file name"), help="also write the results as JSON")
     bn.add_argument("--threads", type=_count(1, MAX_THREADS, f" (this machine has {os.cpu_count()} CPUs)"), default=2,
                     help="threads for us and for PyTorch (default 2)")
     bn.add_argument("--device", default="local-task", help="IREE device (default local-task)")
     bn.add_argument("--op", action="append", choices=op_names + ["torch"],
                     help="operator (repeatable; default: every operator); 'torch': training steps (forward + backward) "
                          "through aclnn_iree.torch beside PyTorch eager and torch.compile")
-    bn.add_argument("--repeats", type=_count(1), default=10, help="timed runs per measurement (median; default 10)")
+    bn.add_argument("--repeats", type=_count(1, 100000), default=10, help="timed runs per measurement (median; default 10)")
     bn.add_argument("--no-compile", action="store_true", help="skip the compile-time measurements")
     bn.add_argument("--peers", action="store_true",
                     help="also time torch.compile (inductor's compiled backward) and JAX (jit of linear_transpose "

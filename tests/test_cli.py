@@ -419,3 +419,26 @@ def test_build_and_list_help_say_the_search_order(capsys):
                  "default store (the checkout's artifacts/, else the per-user data directory), then in the compile "
                  "cache ($ACLNN_IREE_CACHE, else ~/.cache/aclnn-iree), where first use compiles them.")
         assert code == 0 and "".join(order.split()) in "".join(out.split()), out  # as argparse wraps it
+
+
+@pytest.mark.parametrize("args", [["build", "--out", ""], ["list", "--dir", " "], ["build", "--target-cpu", ""],
+                                  ["build", "--target", "cuda", "--gpu-arch", ""], ["demo", "--out", ""],
+                                  ["bench", "--json", ""]], ids=lambda a: " ".join(a))
+def test_empty_values_are_usage_errors(args):
+    """An empty value (a script's unset variable) is a bad command line, never the default it
+    would otherwise fall back to (`build --out ""` had built into the checkout's artifacts/)."""
+    assert_one_error_line(cli(*args), "is empty", code=2)
+
+
+@pytest.mark.parametrize("value", ["+3", " 2", "1_000", "\u0663", "99999999999999999999999"])
+def test_counts_take_plain_digits_only(value):
+    """--jobs takes plain ASCII digits within its bound (int() would take these)."""
+    assert_one_error_line(cli("build", "--jobs", value), "whole number", code=2)
+
+
+def test_json_to_a_fifo_is_refused_at_once(tmp_path):
+    """`bench --json` naming a FIFO is refused before any work (opening it for writing had
+    blocked until a reader came: a hang)."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert_one_error_line(cli("bench", "--json", str(fifo), "--quick", timeout=60), "not a regular file", code=2)

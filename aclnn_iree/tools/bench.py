@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from ..core import aclnn as A
+from ..core.errors import AclnnError
 from ..core.api import grid_sampler_2d_backward
 from ..ops.registry import OPERATORS
 from ..runtime.device import Device, get_device
@@ -132,21 +133,25 @@ def _pythonic(case: Case, arrays, device):
     return BENCHES[case.op].pythonic(case, arrays, device)
 
 
+def _failed(status):
+    """Raises the AclnnError of a failed aclnn call (the CLI prints it as one line)."""
+    if status != A.ACLNN_SUCCESS:
+        message = A.aclGetRecentErrMsg()  # "<NAME> (<code>): why"
+        raise AclnnError(status, message.split(": ", 1)[1] if ": " in message else message)
+
+
 def _phase2(case: Case, arrays, device):
     """(run, workspace bytes, outputs): a repeatable executor on device-resident tensors."""
     st, stream = A.aclrtCreateStream(device)
     st, ws, ex, launch, outs = BENCHES[case.op].phase2(case, arrays, stream)
-    if st != A.ACLNN_SUCCESS:
-        raise RuntimeError(A.aclGetRecentErrMsg())
+    _failed(st)
     A.aclSetAclOpExecutorRepeatable(ex)
     workspace = None
     if ws > 0:
         _, workspace = A.aclrtMalloc(ws, stream)
 
     def run():
-        s = launch(workspace, ws, ex, stream)
-        if s != A.ACLNN_SUCCESS:
-            raise RuntimeError(A.aclGetRecentErrMsg())
+        _failed(launch(workspace, ws, ex, stream))
         A.aclrtSynchronizeStream(stream)
 
     return run, ws, outs
