@@ -91,7 +91,10 @@ def compile_file(path: str, flags) -> tuple:
     """
     cwd, name = os.path.split(os.path.abspath(path))
     cmd = compile_command(flags, name)
-    proc = subprocess.run(cmd, capture_output=True, cwd=cwd)
+    # Its own session: a Ctrl-C at the terminal reaches Python, not the compiler (a compile
+    # that a worker thread started then ends normally; one the interrupted thread waits for
+    # is killed by subprocess.run), never a half-run compile's misleading error.
+    proc = subprocess.run(cmd, capture_output=True, cwd=cwd, start_new_session=True)
     if proc.returncode != 0 or not proc.stdout:
         with open(path, encoding="utf-8", errors="replace") as f:
             source = f.read()
