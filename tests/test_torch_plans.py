@@ -157,6 +157,24 @@ def test_negated_views_are_read_as_their_values(general):
         torch.testing.assert_close(dg, eg)
 
 
+@pytest.mark.parametrize("shape", [(2, 5, 1, 1), (2, 5, 1, 7), (1, 5, 3, 1), (2, 1, 4, 4)])
+def test_ambiguous_layouts_follow_pytorchs_choice(shape):
+    """A channels_last tensor with size-1 dimensions is contiguous both ways; PyTorch decides
+    by its strides (suggest_memory_format) and so do we: interpolate's output and its
+    gradient take PyTorch's layout (the (N, C, 1, 1) of a pooled branch had come back NCHW)."""
+    import torch.nn.functional as F
+    x = torch.randn(*shape).to(memory_format=torch.channels_last).requires_grad_()
+    xr = x.detach().clone().to(memory_format=torch.channels_last).requires_grad_()
+    y = AT.interpolate(x, size=(3, 4), mode="bilinear", align_corners=False)
+    yr = F.interpolate(xr, size=(3, 4), mode="bilinear", align_corners=False)
+    assert y.stride() == yr.stride() and torch.equal(y, yr)
+    go = torch.randn_like(yr)
+    y.backward(go)
+    yr.backward(go)
+    assert x.grad.stride() == xr.grad.stride()
+    torch.testing.assert_close(x.grad, xr.grad)
+
+
 def test_plans_are_per_thread_and_forget_unloaded_modules(general):
     x, grid, _ = _grid_calls(torch.float32, seed=4)
     want = _np(OPS.grid_sampler_2d(x, grid, 0, 1, True)).copy()

@@ -91,8 +91,22 @@ def iree_device_for(*tensors):
 
 
 def is_channels_last(t: torch.Tensor) -> bool:
-    """Whether a 4-D tensor is laid out NHWC in memory (and not also plainly contiguous)."""
-    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+    """Whether a 4-D tensor is laid out NHWC in memory, as PyTorch's suggest_memory_format
+    decides it: where it is contiguous both ways (size-1 dimensions: (N, C, 1, 1), say), by
+    its strides, so that the result takes the input's layout as F.interpolate's does."""
+    if t.dim() != 4 or not t.is_contiguous(memory_format=torch.channels_last):
+        return False
+    return not t.is_contiguous() or _strides_like_channels_last(t.shape, t.stride())
+
+
+def _strides_like_channels_last(sizes, strides) -> bool:
+    """c10's is_channels_last_strides_2d: the strides grow in the order C, W, H, N."""
+    low = 0
+    for d in (1, 3, 2, 0):
+        if sizes[d] == 0 or strides[d] < low or (d == 0 and low == strides[1]):
+            return False
+        low = strides[d] * (sizes[d] if sizes[d] > 1 else 1)
+    return True
 
 
 def _numpy_view(t: torch.Tensor) -> np.ndarray:
