@@ -72,6 +72,11 @@ _SCALES_VALUE = ("(rh, rw): for each axis, (in, out) = (H, H_out) then (W, W_out
                  "else in / out; computed in the scales' dtype")
 
 
+# Where a grid sampler's (backward or forward) symbols are read: {symbol: [argument, axis]}.
+_GRID_DIMS = {"N": ["input", 0], "C": ["input", 1], "H": ["input", 2], "W": ["input", 3],
+              "H_out": ["grid", 1], "W_out": ["grid", 2]}
+
+
 def _tensor_arg(name, shape, dtype, output=None) -> dict:
     """One tensor argument of a "calls" record: its shape in the record's dims (or integers)."""
     arg = {"name": name, "role": "input" if output is None else "output", "shape": list(shape), "dtype": dtype}
@@ -86,7 +91,8 @@ def _calls(dims: dict, rules: list, signatures: dict) -> dict:
     functions = {name: {"arguments": [*args, *(dict(a) for a in _WORKSPACE_AND_FENCES)],
                         "results": [a["name"] for a in args if a["role"] == "output"]}
                  for name, args in signatures.items()}
-    return {"schema": CALLS_SCHEMA, "dims": dims, "rules": rules, "functions": functions}
+    return {"schema": CALLS_SCHEMA, "dims": {k: list(v) for k, v in dims.items()}, "rules": rules,
+            "functions": functions}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,9 +252,7 @@ class GridSamplerSpec(KernelSpec):
             for condition, suffix in forms:
                 rules.append({"when": {**when, **condition}, "function": base + suffix})
                 signatures[base + suffix] = args
-        dims = {"N": ["input", 0], "C": ["input", 1], "H": ["input", 2], "W": ["input", 3],
-                "H_out": ["grid", 1], "W_out": ["grid", 2]}
-        return _calls(dims, rules, signatures)
+        return _calls(_GRID_DIMS, rules, signatures)
 
     @classmethod
     def enumerate(cls, dtypes) -> Iterator["GridSamplerSpec"]:
@@ -369,9 +373,7 @@ class GridSampler2dSpec(GridSamplerSpec):
                 _tensor_arg("out", ("N", "C", "H_out", "W_out"), dt, output=0)]
         rules = [{"when": {"any_zero": ["N", "C", "H_out", "W_out"]}, "function": None, "zero_fill": []},
                  {"when": {}, "function": self.function_name()}]
-        dims = {"N": ["input", 0], "C": ["input", 1], "H": ["input", 2], "W": ["input", 3],
-                "H_out": ["grid", 1], "W_out": ["grid", 2]}
-        return _calls(dims, rules, {self.function_name(): args})
+        return _calls(_GRID_DIMS, rules, {self.function_name(): args})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,6 +48,7 @@ from aclnn_iree.compiler import GridSamplerSpec, UpsampleSpec, get_target
 from aclnn_iree.compiler.specs import GridSampler2dSpec, UpsampleBilinear2dSpec
 from aclnn_iree.compiler.build import ArtifactStore
 from aclnn_iree.runtime import kernels, store
+from test_docs import blocks, commands  # the docs' own reading of fences and console commands
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = get_target("llvm-cpu")
@@ -218,35 +219,19 @@ def test_upsample_runs_in_iree_run_module(tmp_path, shared_store):
 # -- docs/embedding.md: the "calls" record, the rule, and every block run as written ---------
 
 DOC = REPO / "docs" / "embedding.md"
-_FENCE = re.compile(r"^```([A-Za-z0-9_+-]*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 T, F = True, False
 
 
 def _doc_fences(lang):
-    return [m.group(2) for m in _FENCE.finditer(DOC.read_text()) if m.group(1).lower() == lang]
-
-
-def _commands(console):
-    """A console block's commands: its `$ ` lines, backslash continuations joined (as tests/test_docs.py)."""
-    out, current = [], None
-    for line in console.splitlines():
-        if current is not None:
-            current += "\n" + line
-        elif line.startswith("$ "):
-            current = line[2:]
-        else:
-            continue
-        if not current.endswith("\\"):
-            out.append(current)
-            current = None
-    return out
+    """The code of docs/embedding.md's ```lang blocks, in order (tests/test_docs.blocks)."""
+    return [code for fence, code, _, _ in blocks(DOC) if fence == lang]
 
 
 def _doc_blocks() -> dict:
     """{function: the commands of the console block that calls it} (its one call that is not a companion)."""
     blocks = {}
     for code in _doc_fences("console"):
-        cmds = _commands(code)
+        cmds = commands(code)
         functions = [re.search(r"--function=(\S+)", c).group(1) for c in cmds]
         calls = [f for f in functions if not f.endswith("_transients_size")]
         assert len(calls) == 1 and calls[0] not in blocks, code

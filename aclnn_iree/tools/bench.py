@@ -28,8 +28,7 @@ import time
 import numpy as np
 
 from ..core import aclnn as A
-from ..core.errors import AclnnError
-from ..core.api import grid_sampler_2d_backward
+from ..core.api import _check, grid_sampler_2d_backward
 from ..ops.registry import OPERATORS
 from ..runtime.device import Device, get_device
 from .cases import Case, synchronised
@@ -133,25 +132,18 @@ def _pythonic(case: Case, arrays, device):
     return BENCHES[case.op].pythonic(case, arrays, device)
 
 
-def _failed(status):
-    """Raises the AclnnError of a failed aclnn call (the CLI prints it as one line)."""
-    if status != A.ACLNN_SUCCESS:
-        message = A.aclGetRecentErrMsg()  # "<NAME> (<code>): why"
-        raise AclnnError(status, message.split(": ", 1)[1] if ": " in message else message)
-
-
 def _phase2(case: Case, arrays, device):
     """(run, workspace bytes, outputs): a repeatable executor on device-resident tensors."""
     st, stream = A.aclrtCreateStream(device)
     st, ws, ex, launch, outs = BENCHES[case.op].phase2(case, arrays, stream)
-    _failed(st)
+    _check(st)  # a failed call: its AclnnError (the CLI prints it as one line)
     A.aclSetAclOpExecutorRepeatable(ex)
     workspace = None
     if ws > 0:
         _, workspace = A.aclrtMalloc(ws, stream)
 
     def run():
-        _failed(launch(workspace, ws, ex, stream))
+        _check(launch(workspace, ws, ex, stream))
         A.aclrtSynchronizeStream(stream)
 
     return run, ws, outs
