@@ -271,21 +271,16 @@ def _cmd_build(args) -> int:
 
 
 def _list_stores(args) -> list:
-    """(directory, what it is) of each store `list` reports: --dir alone, else the ones the
-    runtime searches, in its order (runtime.store.search_dirs): ACLNN_IREE_ARTIFACTS when set,
-    the default store (where `build` writes) and the compile cache (where first use compiles)."""
+    """(directory, what it is) of each store `list` reports: --dir alone, else every place the
+    runtime searches, in its order (runtime.store.search_places)."""
     if args.dir:
         return [(os.path.abspath(args.dir), "")]
     from .core.install import source_checkout
-    from .runtime.store import PROJECT_ARTIFACTS, cache_dir
-    env = os.environ.get("ACLNN_IREE_ARTIFACTS")
-    stores = [(os.path.abspath(env), "ACLNN_IREE_ARTIFACTS")] if env else []
-    stores += [(str(PROJECT_ARTIFACTS), "the checkout's artifacts/" if source_checkout() else "the default store"),
-               (os.path.abspath(cache_dir()), "the compile cache")]
-    named = {}
-    for d, what in stores:
-        named.setdefault(d, what)
-    return list(named.items())
+    from .runtime.store import search_places
+    what = {"explicit": "set_artifacts_dir", "env": "ACLNN_IREE_ARTIFACTS",
+            "default": "the checkout's artifacts/" if source_checkout() else "the default store",
+            "cache": "the compile cache"}
+    return [(os.path.abspath(d), what[kind]) for d, kind in search_places()]
 
 
 def _kib(store_manifest: dict, ids) -> str:

@@ -35,7 +35,7 @@ from ..compiler.targets import CPU_ARCH_ENV, build_args, target_for_driver
 _log = logging.getLogger(__name__)
 
 __all__ = ["ArtifactMissing", "UnsupportedCpu", "is_offline", "load_module_bytes", "prepare", "set_artifacts_dir", "set_offline",
-           "search_dirs", "search_order", "cache_dir", "PROJECT_ARTIFACTS", "default_artifacts_dir"]
+           "search_dirs", "search_order", "search_places", "cache_dir", "PROJECT_ARTIFACTS", "default_artifacts_dir"]
 
 
 def default_artifacts_dir() -> Path:
@@ -107,30 +107,35 @@ def is_offline() -> bool:
     return os.environ.get("ACLNN_IREE_OFFLINE", "") not in ("", "0", "false", "False")
 
 
+def search_places() -> list:
+    """(directory, kind) of every place modules are looked for, in order, each directory once:
+    "explicit" (set_artifacts_dir), "env" (ACLNN_IREE_ARTIFACTS), "default" (where `aclnn-iree
+    build` writes; listed whether or not it exists yet) and "cache" (the compile cache, last).
+    ACLNN_IREE_ARTIFACTS adds a store; it hides none."""
+    env = os.environ.get("ACLNN_IREE_ARTIFACTS")
+    places = [(_explicit_dir, "explicit")] if _explicit_dir else []
+    places += [(os.path.abspath(env), "env")] if env else []
+    places += [(str(PROJECT_ARTIFACTS), "default"), (cache_dir(), "cache")]
+    first = {}
+    for d, kind in places:
+        first.setdefault(d, kind)
+    return list(first.items())
+
+
 def search_dirs() -> list:
     """The artifact directories searched, in order (the compile cache last)."""
-    dirs = []
-    if _explicit_dir:
-        dirs.append(_explicit_dir)
-    env = os.environ.get("ACLNN_IREE_ARTIFACTS")
-    if env:
-        dirs.append(os.path.abspath(env))
-    if PROJECT_ARTIFACTS.is_dir():
-        dirs.append(str(PROJECT_ARTIFACTS))
-    dirs.append(cache_dir())
-    return list(dict.fromkeys(dirs))
+    return [d for d, kind in search_places() if kind != "default" or PROJECT_ARTIFACTS.is_dir()]
 
 
 def search_order() -> str:
     """Where modules are looked for, in order, with this process's directories: one line
-    (`aclnn-iree list` prints it).  ACLNN_IREE_ARTIFACTS adds a store; it hides none."""
-    parts = [f"{_explicit_dir} (set_artifacts_dir)"] if _explicit_dir else []
-    env = os.environ.get("ACLNN_IREE_ARTIFACTS")
-    if env:
-        parts.append(f"ACLNN_IREE_ARTIFACTS={os.path.abspath(env)}")
-    parts += [f"{PROJECT_ARTIFACTS} (where `aclnn-iree build` writes)",
-              f"the compile cache {cache_dir()} (where first use compiles them)"]
-    return ("modules are looked for in " + ", then ".join(parts)
+    (`aclnn-iree list` prints it)."""
+    what = {"explicit": "{} (set_artifacts_dir)", "env": "ACLNN_IREE_ARTIFACTS={}",
+            "default": "{} (where `aclnn-iree build` writes)",
+            "cache": "the compile cache {} (where first use compiles them)"}
+    places = search_places()
+    env = any(kind == "env" for _, kind in places)
+    return ("modules are looked for in " + ", then ".join(what[kind].format(d) for d, kind in places)
             + ("" if env else "; ACLNN_IREE_ARTIFACTS=DIR would add DIR before them"))
 
 
