@@ -38,12 +38,13 @@ _SEARCH_ORDER = ("Modules are looked for in $ACLNN_IREE_ARTIFACTS when set (a st
                  "compile cache ($ACLNN_IREE_CACHE, else ~/.cache/aclnn-iree), where first use compiles them.")
 
 
-def _specs(ops, dtypes, kernels):
-    """The specialisations of `ops` and `dtypes` (None: all) whose kernel name matches one of
-    the shell patterns `kernels` (None: all).  UsageError for a pattern that matches none of
-    them: a typo would build or list nothing and look like success."""
-    from .compiler.specs import all_specs
-    specs = list(all_specs(ops, dtypes))
+def _specs(ops, dtypes, kernels, form="tuned"):
+    """The specialisations of `ops` and `dtypes` (None: all) in `form` ("tuned", "linalg" or
+    "all") whose kernel name matches one of the shell patterns `kernels` (None: all).
+    UsageError for a pattern that matches none of them: a typo would build or list nothing and
+    look like success."""
+    from .compiler.specs import FORMS, all_specs
+    specs = list(all_specs(ops, dtypes, FORMS if form == "all" else (form,)))
     if not kernels:
         return specs
     for k in kernels:
@@ -71,7 +72,8 @@ def _targets(names, target_cpu, gpu_arch=None):
     UsageError (one line) for an arch of the wrong form or one the compiler does not know."""
     from .compiler.targets import CUDA_ARCHS, arch_problem, get_target
     names = list(dict.fromkeys(names))
-    arch = {"llvm-cpu": target_cpu, "vulkan-spirv": gpu_arch, "cuda": gpu_arch}
+    arch = {"llvm-cpu": target_cpu, "vulkan-spirv": gpu_arch, "cuda": gpu_arch, "rocm": gpu_arch,
+            "metal-spirv": gpu_arch}
     targets = []
     for n in names:
         try:
@@ -87,6 +89,8 @@ def _targets(names, target_cpu, gpu_arch=None):
                              f"x86-64-v3 (`aclnn-iree build --target-cpu help` lists them)")
         if t.name == "cuda":
             raise UsageError(f"--gpu-arch {problem}; it knows {', '.join(CUDA_ARCHS)} (e.g. sm_86)")
+        if t.name == "rocm":
+            raise UsageError(f"--gpu-arch {problem}; name an AMD GPU target, e.g. gfx942, gfx1100")
         raise UsageError(f"--gpu-arch {problem}; name one of IREE's Vulkan profiles, e.g. ampere, rdna3, valhall")
     return targets
 
@@ -176,7 +180,7 @@ def _writable_file(path: str, what: str) -> str:
 
 
 # The IREE drivers the layers name (a driver URI such as "vulkan://1" starts with one of them).
-DEVICE_NAMES = ("local-task", "local-sync", "vulkan", "cuda")
+DEVICE_NAMES = ("local-task", "local-sync", "vulkan", "cuda", "hip", "metal", "vmvx")
 
 
 def _check_device(name: str):
@@ -243,19 +247,32 @@ def _cmd_build(args) -> int:
     from .compiler.build import ArtifactStore
     if args.target_cpu == "help":
         return _print_cpus()
-    specs = _specs(args.op, args.dtype, args.kernel)
+    from .compiler.build import buildable_pairs
+    specs = _specs(args.op, args.dtype, args.kernel, args.form)
     if not specs:
         print("error: no specialisation matches the given --op/--dtype/--kernel", file=sys.stderr)
         return 2
     targets = _targets(args.target or ["llvm-cpu"], args.target_cpu, args.gpu_arch)
     if args.target_cpu and not any(t.name == "llvm-cpu" for t in targets):
         print("warning: --target-cpu only applies to the llvm-cpu target", file=sys.stderr)
+    if args.gpu_arch and not any(t.is_gpu for t in targets):
+        print("warning: --gpu-arch only applies to GPU targets (vulkan-spirv, cuda, rocm, metal-spirv)",
+              file=sys.stderr)
     out = _writable_dir(args.out or _default_dir(), "artifacts")
     store = ArtifactStore(out)
-    total = len(specs) * len(targets)
+    total = len(buildable_pairs(specs, targets))
     tnames = ", ".join(t.name + (f" ({t.arch})" if t.name == "llvm-cpu" else "") for t in targets)
     print(f"building {len(specs)} specialisation(s) x {len(targets)} target(s) [{tnames}] into {out}",
           flush=True)
+    for t in targets:
+        notes = []
+        if not t.tuned and any(not s.linalg for s in specs):
+            notes.append("its kernels are the linalg forms (no tuned forms for it)")
+        lacking = sorted({s.dtype for s in specs} - set(t.dtypes))
+        if lacking:
+            notes.append(f"skipping {', '.join(lacking)} (it computes {', '.join(t.dtypes)})")
+        if notes:
+            print(f"note: {t.name}: {'; '.join(notes)}")
     res = store.build(specs, targets, jobs=args.jobs, progress=not args.no_progress)
     _report_failures(res, specs, targets, out)
     print(f"\nsummary: compiled {res.compiled}, reused {res.reused}, failed {len(res.failed)} "
@@ -295,8 +312,8 @@ def _cmd_list(args) -> int:
     from .runtime.store import cache_dir, search_order
     if args.target_cpu == "help":
         return _print_cpus()
-    specs = _specs(args.op, args.dtype, args.kernel)
-    names = args.target or list(TARGETS)
+    specs = _specs(args.op, args.dtype, args.kernel, args.form)
+    names = args.target or [n for n in TARGETS if TARGETS[n].tuned]
     if not args.target and args.gpu_arch:  # one GPU's arch (sm_86, ampere): the GPU targets that know it
         from .compiler.targets import arch_problem, get_target
 
@@ -327,10 +344,12 @@ def _cmd_list(args) -> int:
             if args.dir:
                 raise CliError(f"cannot read {os.path.join(d, 'manifest.json')}: {e.strerror or e}") from None
             manifests[d] = {}  # its modules are reported unreadable below
+    all_specs_ = specs
     for t in targets:
         groups = {"ok": [], "missing": [], "stale": [], "corrupt": [], "unreadable": []}
         in_store = {d: {k: [] for k in groups} for d, _ in stores}
         first = {}  # spec -> the store the runtime loads it from
+        specs = list(dict.fromkeys(s for s in map(lambda s: s.for_target(t), all_specs_) if s is not None))
         for s in specs:
             states = [(d, store.status(s, t)) for d, _, store in built]
             for d, state in states:
@@ -366,7 +385,8 @@ def _cmd_list(args) -> int:
             for s in ok:
                 print(f"    {s.kernel_name}" + ("" if args.dir else f"  ({where[first[s]]})"))
         if missing and not ok and not problems and not args.verbose:
-            print(f"  nothing built for this target (run `aclnn-iree build --target {t.name}`; -v lists the names)")
+            form = f" --form {args.form}" if args.form != "tuned" else ""
+            print(f"  nothing built for this target (run `aclnn-iree build --target {t.name}{form}`; -v lists the names)")
             continue
         for kind in ("missing", "stale", "corrupt", "unreadable"):
             for s in groups[kind]:
@@ -457,6 +477,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"compile target (repeatable; default: {target_default})")
         sp.add_argument("--op", action="append", choices=op_names, help="operator (repeatable; default: all)")
         sp.add_argument("--dtype", action="append", choices=list(DTYPES), help="dtype (repeatable; default: all)")
+        sp.add_argument("--form", choices=["tuned", "linalg", "all"], default="tuned",
+                        help="kernel form: tuned (default: the hand-written kernels, or the linalg form on "
+                             "targets without them), linalg (the linalg forms: IREE's own code generation), all")
         sp.add_argument("--kernel", action="append", metavar="GLOB",
                         help="only kernels whose name matches this shell pattern (repeatable), "
                              "e.g. '*bilinear_zeros*'")
@@ -466,9 +489,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "artifacts, so non-default ones are for embedding elsewhere; `help` lists the "
                              "CPUs iree-compile knows)")
         sp.add_argument("--gpu-arch", metavar="ARCH", type=_text("the GPU architecture"),
-                        help="vulkan-spirv / cuda: a named GPU architecture instead of the default "
+                        help="GPU targets: a named GPU architecture instead of the default "
                              "(vulkan-spirv: IREE's profiles, e.g. ampere, rdna3, valhall, whose dx uses the "
-                             "ordered form (no float atomics in those profiles); cuda: e.g. sm_86); "
+                             "ordered form (no float atomics in those profiles); cuda: e.g. sm_86; rocm: an AMD "
+                             "gfx target, default gfx942, e.g. gfx1100; metal-spirv: macos (default) or ios); "
                              "built into <target>-<arch>/, for embedding elsewhere")
 
     b = sub.add_parser("build", help="compile every specialisation ahead of time (default target llvm-cpu)",

@@ -35,7 +35,7 @@ from .key import artifact_key, host_cpu, sha256_hex
 from .reflect import module_exports, ptxas_report
 from .render import render, template_files
 
-__all__ = ["ArtifactStore", "BuildResult", "calls_record", "target_folder"]
+__all__ = ["ArtifactStore", "BuildResult", "buildable_pairs", "calls_record", "target_folder"]
 
 MANIFEST = "manifest.json"
 # A manifest of every module of every target is about 1 MiB; anything past this is not one.
@@ -125,6 +125,14 @@ class BuildResult:
     failed: list = dataclasses.field(default_factory=list)
     seconds: float = 0.0
     spills: list = dataclasses.field(default_factory=list)
+
+
+def buildable_pairs(specs, targets) -> list:
+    """The (specialisation, target) pairs that building `specs` for `targets` compiles: each
+    spec as the target takes it (KernelSpec.for_target: the linalg form where the target has no
+    tuned forms), without the dtypes a target cannot compute, each pair once."""
+    pairs = (((s.for_target(t), t) for s in specs) for t in targets)
+    return list(dict.fromkeys((s, t) for group in pairs for s, t in group if s is not None))
 
 
 class ArtifactStore:
@@ -388,7 +396,8 @@ class ArtifactStore:
         return data
 
     def build(self, specs, targets, jobs: int | None = None, progress: bool = True) -> BuildResult:
-        """Builds every (spec, target) pair that is not valid already, `jobs` compiles at a time.
+        """Builds every pair of buildable_pairs(specs, targets) that is not valid already, `jobs`
+        compiles at a time.
 
         A failed compile is recorded in the result and the others go on.
         """
@@ -399,13 +408,12 @@ class ArtifactStore:
         t0 = time.perf_counter()
         res = BuildResult()
         todo, reused = [], []
-        for t in targets:
-            for s in specs:
-                if self.lookup(s, t) is not None:
-                    res.reused += 1
-                    reused.append((s, t))
-                else:
-                    todo.append((s, t))
+        for s, t in buildable_pairs(specs, targets):
+            if self.lookup(s, t) is not None:
+                res.reused += 1
+                reused.append((s, t))
+            else:
+                todo.append((s, t))
         self._refresh_calls(reused)
         if todo:
             require_compiler()  # say it once, not once per module

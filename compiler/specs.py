@@ -19,12 +19,19 @@ from .targets import cpu_gathers, cpu_isa
 __all__ = [
     "DTypeInfo", "DTYPES", "KernelSpec", "GridSamplerSpec", "UpsampleSpec", "GridSampler2dSpec",
     "UpsampleBilinear2dSpec", "Spec",
-    "INTERPOLATION_MODES", "PADDING_MODES", "LAYOUTS", "all_specs", "dtype_info",
+    "INTERPOLATION_MODES", "PADDING_MODES", "LAYOUTS", "FORMS", "all_specs", "dtype_info",
 ]
 
 INTERPOLATION_MODES = ("bilinear", "nearest", "bicubic")  # aclnn/PyTorch codes 0, 1, 2
 PADDING_MODES = ("zeros", "border", "reflection")  # aclnn/PyTorch codes 0, 1, 2
 LAYOUTS = ("NCHW", "NHWC")
+# The forms of a kernel (docs/kernel-design.md#forms): "tuned", the hand-written dispatches
+# (templates/<family>/module.mlir.j2) for the targets they were written for; "linalg", the
+# operator stated in linalg on tensors (templates/<family>/linalg.mlir.j2), which IREE's own
+# code generation compiles for any target.
+FORMS = ("tuned", "linalg")
+# Suffixes of the functions only the tuned forms export (other passes to the same result).
+_TUNED_PASSES = ("_points", "_same_size", "_deterministic")
 # Planes of dx one grid-sampler workgroup owns: each output point's coordinates are
 # computed once for this many channels.
 GRID_DX_CHANNEL_BLOCK = 8
@@ -135,25 +142,61 @@ def dtype_info(dtype) -> DTypeInfo:
 
 class KernelSpec:
     """What every specialisation shares; each operator's frozen dataclass below adds its own
-    fields (at least `align_corners` and `dtype`), the class attributes `op` (its name in
-    kernel names: the operator's name in the registry, aclnn_iree/ops/registry.py) and
-    `template` (its template family's root, `<family>/module.mlir.j2`), and the classmethod
-    `enumerate(dtypes)` (every specialisation, for all_specs)."""
+    fields (at least `align_corners`, `dtype` and, last, `form`: one of FORMS), the class
+    attribute `op` (its name in kernel names and its template folder's: the operator's name
+    in the registry, aclnn_iree/ops/registry.py), and the classmethod
+    `enumerate(dtypes)` (every specialisation of the tuned form, for all_specs)."""
 
     # {field: the values it may take}, each operator's own; checked on construction
     choices: dict = {}
+    # the forms its template family has (templates/<op>/module.mlir.j2, linalg.mlir.j2)
+    forms: tuple = FORMS
 
     def __post_init__(self):
         """Raises ValueError for a field outside its choices, KeyError for an unknown dtype."""
-        for field, allowed in self.choices.items():
+        for field, allowed in {**self.choices, "form": self.forms}.items():
             if getattr(self, field) not in allowed:
                 raise ValueError(f"{field} {getattr(self, field)!r} not in {allowed}")
         dtype_info(self.dtype)
 
+    @property
+    def linalg(self) -> bool:
+        return self.form == "linalg"
+
+    @property
+    def template(self) -> str:
+        """The root template of the module in its family's folder (named after the operator):
+        `<op>/module.mlir.j2` (tuned) or `<op>/linalg.mlir.j2`."""
+        return f"{self.op}/{'linalg' if self.linalg else 'module'}.mlir.j2"
+
+    def for_target(self, target):
+        """This specialisation as `target` builds and runs it: in its linalg form where the
+        target has no tuned forms (Target.tuned); None where the target cannot compute its
+        dtype (Target.dtypes)."""
+        if self.dtype not in target.dtypes or not (target.tuned or "linalg" in self.forms):
+            return None
+        return self if target.tuned or self.linalg else dataclasses.replace(self, form="linalg")
+
+    def in_form(self, form: str, function: str) -> tuple:
+        """(specialisation, function) of this one in `form` (one of FORMS), for the call
+        `function` (one of function_names()) makes: the linalg form exports each operator's
+        base functions only, and the base function computes what a tuned pass of another name
+        (`_points`, `_same_size`, `_deterministic`) does (linalg forms have one pass each)."""
+        if form == self.form:
+            return self, function
+        if form not in self.forms:
+            raise ValueError(f"{self.op} has no {form} form yet (its forms: {', '.join(self.forms)})")
+        spec = dataclasses.replace(self, form=form)
+        suffix = function[len(self.kernel_name):]
+        if spec.linalg:
+            for tuned_only in _TUNED_PASSES:
+                suffix = suffix.replace(tuned_only, "")
+        return spec, spec.kernel_name + suffix
+
     def _name(self, *parts) -> str:
-        """`<op>_<parts>_ac0|ac1_<dtype>`: every specialisation parameter is in the name."""
+        """`<op>_<parts>_ac0|ac1_<dtype>[_linalg]`: every specialisation parameter is in the name."""
         ac = "ac1" if self.align_corners else "ac0"
-        return "_".join((self.op, *parts, ac, DTYPES[self.dtype].short))
+        return "_".join((self.op, *parts, ac, DTYPES[self.dtype].short) + (("linalg",) if self.linalg else ()))
 
     def _common_params(self, target) -> dict:
         """Template parameters every family takes (target None: a CPU target)."""
@@ -178,10 +221,11 @@ class GridSamplerSpec(KernelSpec):
     padding_mode: str
     align_corners: bool
     dtype: str = "float32"
+    form: str = "tuned"
 
     op = "grid_sampler_2d_backward"
-    template = "grid_sampler_2d_backward/module.mlir.j2"
     choices = {"interpolation_mode": INTERPOLATION_MODES, "padding_mode": PADDING_MODES}
+    forms = ("tuned",)  # its linalg form (a scatter for dx, a gather for dgrid) is not written yet
 
     @property
     def kernel_name(self) -> str:
@@ -202,6 +246,8 @@ class GridSamplerSpec(KernelSpec):
         """
         mask = tuple(map(bool, output_mask))
         suffix = {(True, True): "", (True, False): "_dx", (False, True): "_dgrid"}[mask]
+        if self.linalg:
+            return self.kernel_name + suffix
         gpu = target is not None and target.is_gpu
         if deterministic and mask[0] and gpu:
             suffix += "_deterministic"
@@ -214,6 +260,8 @@ class GridSamplerSpec(KernelSpec):
     def function_names(self, target=None) -> tuple:
         """Every function the module for `target` (default: a CPU target) exports."""
         names = (self.kernel_name, self.kernel_name + "_dx", self.kernel_name + "_dgrid")
+        if self.linalg:
+            return names
         if target is not None and target.is_gpu:
             names += (self.kernel_name + "_deterministic", self.kernel_name + "_dx_deterministic")
         elif self.interpolation_mode != "nearest":
@@ -226,7 +274,7 @@ class GridSamplerSpec(KernelSpec):
         zero-filled outputs) as rules over the output mask, the shapes and the host's
         `deterministic` (aclnn's ACL_OPT_DETERMINISTIC), first match wins; and each
         function's arguments (tests/test_embedding.py checks that they agree)."""
-        dt, gpu = self.dtype, target is not None and target.is_gpu
+        dt, gpu = self.dtype, target is not None and target.is_gpu and not self.linalg
         inputs = [_tensor_arg("gradOutput", ("N", "C", "H_out", "W_out"), dt),
                   _tensor_arg("input", ("N", "C", "H", "W"), dt), _tensor_arg("grid", ("N", "H_out", "W_out", 2), dt)]
         output_shapes = {"inputGrad": ("N", "C", "H", "W"), "gridGrad": ("N", "H_out", "W_out", 2)}
@@ -241,7 +289,7 @@ class GridSamplerSpec(KernelSpec):
             forms = []
             if gpu and mask[0]:
                 forms.append(({"deterministic": True}, "_deterministic"))
-            if not gpu and self.interpolation_mode != "nearest":
+            if not gpu and not self.linalg and self.interpolation_mode != "nearest":
                 points = (range(0, DGRID_POINTS_MAX_CHANNELS + 1) if mask == (False, True)
                           else SPLIT_POINTS_CHANNELS if mask == (True, True) else range(0))
                 assert points.step == 1
@@ -284,9 +332,9 @@ class UpsampleSpec(KernelSpec):
     align_corners: bool
     dtype: str = "float32"
     layout: str = "NCHW"
+    form: str = "tuned"
 
     op = "upsample_bilinear2d_backward"
-    template = "upsample_bilinear2d_backward/module.mlir.j2"
     choices = {"layout": LAYOUTS}
 
     @property
@@ -298,10 +346,10 @@ class UpsampleSpec(KernelSpec):
         `<kernel>_same_size` where neither axis is resized (`same_size`: H == H_out and
         W == W_out, where PyTorch maps each axis onto itself: one elementwise pass, the same
         bits), else the window passes."""
-        return self.kernel_name + ("_same_size" if same_size else "")
+        return self.kernel_name + ("_same_size" if same_size and not self.linalg else "")
 
     def function_names(self, target=None) -> tuple:
-        return (self.kernel_name, self.kernel_name + "_same_size")
+        return (self.kernel_name,) if self.linalg else (self.kernel_name, self.kernel_name + "_same_size")
 
     def _layout_shape(self, h, w) -> tuple:
         return ("N", h, w, "C") if self.layout == "NHWC" else ("N", "C", h, w)
@@ -320,6 +368,8 @@ class UpsampleSpec(KernelSpec):
         rules = [{"when": {"any_zero": ["N", "C"]}, "function": None, "zero_fill": ["out"]},
                  {"when": {"equal": [["H", "H_out"], ["W", "W_out"]]}, "function": self.function_name(same_size=True)},
                  {"when": {}, "function": self.function_name()}]
+        if self.linalg:
+            del rules[1]
         return _calls(self._layout_dims("out", "gradOut"), rules, {r["function"]: args for r in rules[1:]})
 
     def _layout_dims(self, full, resized) -> dict:
@@ -349,7 +399,7 @@ class GridSampler2dSpec(GridSamplerSpec):
     template parameters (the coordinate macros are shared)."""
 
     op = "grid_sampler_2d"
-    template = "grid_sampler_2d/module.mlir.j2"
+    forms = FORMS
 
     def function_name(self) -> str:
         return self.kernel_name
@@ -382,7 +432,6 @@ class UpsampleBilinear2dSpec(UpsampleSpec):
     module exports one function, `<kernel>` (input, scales -> output)."""
 
     op = "upsample_bilinear2d"
-    template = "upsample_bilinear2d/module.mlir.j2"
 
     def function_name(self) -> str:
         return self.kernel_name
@@ -404,15 +453,21 @@ class UpsampleBilinear2dSpec(UpsampleSpec):
 Spec = Union[GridSamplerSpec, UpsampleSpec, GridSampler2dSpec, UpsampleBilinear2dSpec]
 
 
-def all_specs(ops=None, dtypes=None) -> Iterator[Spec]:
+def all_specs(ops=None, dtypes=None, forms=("tuned",)) -> Iterator[Spec]:
     """Every specialisation that exists, optionally filtered by operator and dtype names: each
     operator of the registry (aclnn_iree.ops.registry) in its order, its spec class's
-    `enumerate(dtypes)`.  Raises KeyError for an unknown operator or dtype."""
+    `enumerate(dtypes)`, in each of `forms` (default: the tuned form only).  Raises KeyError
+    for an unknown operator or dtype, ValueError for an unknown form."""
     from ..ops.registry import OPERATORS, get
     dtypes = tuple(dtypes or DTYPES)
     for dt in dtypes:
         dtype_info(dt)
+    for form in forms:
+        if form not in FORMS:
+            raise ValueError(f"unknown form {form!r}; known: {', '.join(FORMS)}")
     wanted = {get(name).name for name in ops} if ops else None
     for op in OPERATORS:
         if wanted is None or op.name in wanted:
-            yield from op.spec.enumerate(dtypes)
+            for spec in op.spec.enumerate(dtypes):
+                yield from (spec if form == "tuned" else dataclasses.replace(spec, form=form)
+                            for form in forms if form in spec.forms)

@@ -39,7 +39,20 @@ class Target:
     @property
     def is_gpu(self) -> bool:
         """GPU targets get the GPU forms of the kernels (one invocation per work item)."""
-        return self.name in ("vulkan-spirv", "cuda")
+        return self.name in ("vulkan-spirv", "cuda", "rocm", "metal-spirv")
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the hand-written (tuned) forms exist for the target (compiler/specs.py FORMS);
+        elsewhere every kernel takes its linalg form."""
+        return self.name in _TUNED_TARGETS
+
+    @property
+    def dtypes(self) -> tuple:
+        """The dtypes its modules can compute: VMVX's VM has no f16, bf16 or f64 arithmetic
+        (IREE 3.13 refuses to lower arith.extf from f16 and sitofp to f64 there), Metal no f64."""
+        return {"vmvx": ("float32",), "metal-spirv": ("float32", "float16", "bfloat16")}.get(
+            self.name, ("float32", "float16", "bfloat16", "float64"))
 
     @property
     def fused_fma(self) -> bool:
@@ -67,6 +80,12 @@ class Target:
             return ("--iree-hal-target-device=vulkan", f"--iree-vulkan-target={self.arch}") + _COMMON
         if self.name == "cuda":
             return ("--iree-hal-target-device=cuda", f"--iree-cuda-target={self.arch}") + _COMMON
+        if self.name == "rocm":
+            return ("--iree-hal-target-device=hip", f"--iree-rocm-target={self.arch}") + _COMMON
+        if self.name == "metal-spirv":
+            return ("--iree-hal-target-device=metal", f"--iree-metal-target-platform={self.arch}") + _COMMON
+        if self.name == "vmvx":
+            return ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backends=vmvx") + _COMMON
         raise ValueError(f"unknown target {self.name!r}")
 
 
@@ -75,20 +94,33 @@ TARGETS = {
     "llvm-cpu": Target("llvm-cpu", "local-task", "host"),
     "vulkan-spirv": Target("vulkan-spirv", "vulkan", VULKAN_PORTABLE_FEATURES),
     "cuda": Target("cuda", "cuda", "sm_80"),
+    # AMD GPUs (IREE's HIP driver): an MI300-class (CDNA3) default; --gpu-arch names another
+    # (gfx1100: RDNA3).  Apple GPUs: Metal on macOS (--gpu-arch ios for iOS).  VMVX: IREE's
+    # portable VM-based CPU target, run by the local-task driver on any CPU (device "vmvx").
+    "rocm": Target("rocm", "hip", "gfx942"),
+    "metal-spirv": Target("metal-spirv", "metal", "macos"),
+    "vmvx": Target("vmvx", "vmvx", "vmvx"),
 }
+# The targets the hand-written forms compile for: the CPU forms for llvm-cpu, the GPU forms
+# (written for Vulkan and CUDA) for every GPU target IREE accepts them on; not vmvx.
+_TUNED_TARGETS = ("llvm-cpu", "vulkan-spirv", "cuda", "rocm", "metal-spirv")
 
-_DRIVER_TO_TARGET = {"local-task": "llvm-cpu", "local-sync": "llvm-cpu", "vulkan": "vulkan-spirv", "cuda": "cuda"}
+_DRIVER_TO_TARGET = {"local-task": "llvm-cpu", "local-sync": "llvm-cpu", "vulkan": "vulkan-spirv", "cuda": "cuda",
+                     "hip": "rocm", "metal": "metal-spirv", "vmvx": "vmvx"}
 
 
 # What an arch given on the command line may look like, per target, and an example of each.
 _ARCH_FORMS = {"llvm-cpu": re.compile(r"[A-Za-z0-9_.+-]+"), "vulkan-spirv": re.compile(r"[A-Za-z0-9_.+:,-]+"),
-               "cuda": re.compile(r"sm_[0-9]{2,3}a?")}
-_ARCH_EXAMPLES = {"llvm-cpu": "x86-64-v3", "vulkan-spirv": "ampere", "cuda": "sm_86"}
+               "cuda": re.compile(r"sm_[0-9]{2,3}a?"), "rocm": re.compile(r"gfx[0-9a-f]{3,4}|[a-z][a-z0-9]*"),
+               "metal-spirv": re.compile(r"macos|ios"), "vmvx": re.compile(r"vmvx")}
+_ARCH_EXAMPLES = {"llvm-cpu": "x86-64-v3", "vulkan-spirv": "ampere", "cuda": "sm_86", "rocm": "gfx1100",
+                  "metal-spirv": "ios", "vmvx": "vmvx"}
 
 
 def get_target(name: str, arch: str | None = None) -> Target:
-    """The target called `name` ("llvm-cpu", "vulkan-spirv", "cuda"), optionally for another
-    arch: a CPU name (x86-64-v3), an IREE Vulkan profile (ampere) or a CUDA sm_NN.  Raises
+    """The target called `name` (a key of TARGETS), optionally for another arch: a CPU name
+    (x86-64-v3), an IREE Vulkan profile (ampere), a CUDA sm_NN, an AMD gfx target (gfx1100) or a
+    Metal platform (macos, ios).  Raises
     ValueError for an unknown target or an arch of the wrong form."""
     if name not in TARGETS:
         raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}")

@@ -40,7 +40,8 @@ class DeviceUnavailable(RuntimeError):
 
 
 class Device:
-    """One IREE HAL device (`name` is an IREE driver: local-task, local-sync, vulkan, cuda).
+    """One IREE HAL device (`name` is an IREE driver: local-task, local-sync, vulkan, cuda, hip,
+    metal; or "vmvx": local-task running the vmvx target's modules).
 
     Owns the VM instance and the HAL module that loaded programs link against,
     and a 1-byte buffer passed as the workspace of kernels that need none.
@@ -58,11 +59,14 @@ class Device:
             rt.flags.parse_flags(f"--task_topology_group_count={int(threads)}")
         # CPU drivers run kernels on host memory: host arrays are imported, not copied.
         base = name.split(":", 1)[0]
-        self.is_host = base in ("local-task", "local-sync")
+        # "vmvx": IREE's local-task driver running modules of the vmvx target (its VM-based
+        # CPU loader), the same driver as llvm-cpu's modules; only the modules differ.
+        driver = "local-task" if base == "vmvx" else name
+        self.is_host = base in ("local-task", "local-sync", "vmvx")
         # The IREE bindings cache drivers per process, and the local-task driver's worker
         # threads do not survive fork(): a forked child runs local-task work on the
         # synchronous CPU driver instead (same kernels, one thread).
-        self.driver = "local-sync" if (_in_forked_child and base == "local-task") else name
+        self.driver = "local-sync" if (_in_forked_child and driver == "local-task") else driver
         # local-sync runs a launch's work inside the launch: it has finished when the call returns.
         self.synchronous = self.driver.split(":", 1)[0] == "local-sync"
         if base in _drivers_of_parent and not self.is_host:

@@ -312,7 +312,7 @@ def test_a_failed_compile_is_a_few_lines_and_its_whole_message_a_file(built_kern
     log = out_dir / "llvm-cpu" / f"{KERNEL}.compile-error.log"
     assert lines == [f"FAILED llvm-cpu/{KERNEL}: k.mlir:3:7: error: 'func.func' op failed to legalize",
                      "  specialisation: GridSamplerSpec(interpolation_mode='nearest', padding_mode='zeros', "
-                     "align_corners=False, dtype='float32')",
+                     "align_corners=False, dtype='float32', form='tuned')",
                      lines[2],
                      f"  whole message (302 lines): {log}",
                      "1 specialisation(s) failed to compile (see above)"], err

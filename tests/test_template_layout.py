@@ -1,5 +1,6 @@
 """The shape of templates/ that CONTRIBUTING promises: one folder per kernel family holding a
-thin root (`module.mlir.j2`) and one partial per form, shared macros in `_common.mlir.j2`,
+thin root (`module.mlir.j2`, the tuned forms), one partial per form, and the linalg form
+(`linalg.mlir.j2`, a root of its own), shared macros in `_common.mlir.j2`,
 every file short, no macro inside another, each macro's inputs its arguments (no partial
 imported `with context`), and a one-line comment of what each macro emits right above it."""
 from __future__ import annotations
@@ -12,7 +13,7 @@ import jinja2.nodes
 import pytest
 
 from aclnn_iree.compiler.render import _environment, template_files
-from aclnn_iree.compiler.specs import all_specs
+from aclnn_iree.compiler.specs import FORMS, all_specs
 
 TEMPLATES = pathlib.Path(__file__).resolve().parent.parent / "templates"
 FILES = sorted(p.relative_to(TEMPLATES).as_posix() for p in TEMPLATES.rglob("*.mlir.j2"))
@@ -27,10 +28,11 @@ def test_one_folder_per_family_with_a_root():
     assert all(f.count("/") == 1 for f in FILES if "/" in f)
     for fam in families:
         assert f"{fam}/module.mlir.j2" in FILES, f"family {fam} has no root module.mlir.j2"
-    # every spec renders from its family's root, and every template file is used by some spec
+    # every spec renders from its family's root (tuned) or its linalg form, and every template
+    # file is used by some spec
     used = set()
-    for spec in all_specs():
-        assert spec.template.endswith("/module.mlir.j2")
+    for spec in all_specs(forms=FORMS):
+        assert spec.template == f"{spec.op}/{'linalg' if spec.linalg else 'module'}.mlir.j2"
         used.update(template_files(spec))
     assert used == set(FILES), f"unused template files: {sorted(set(FILES) - used)}"
 

@@ -26,7 +26,9 @@ place.  No function here raises: failures return a status code and
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import os
 import threading
 
 import iree.runtime as rt
@@ -34,6 +36,7 @@ import numpy as np
 
 from . import errors as E
 from ..compiler.compile import CompileError, CompilerMissing
+from ..compiler.specs import FORMS
 from ..compiler.targets import CpuArchError, target_for_driver
 from .errors import AclnnError, brief
 from ..ops import grid_sampler, grid_sampler_forward, upsample, upsample_forward
@@ -55,7 +58,8 @@ __all__ = [
     "aclnnGridSampler2DGetWorkspaceSize", "aclnnGridSampler2D", "aclnnUpsampleBilinear2dGetWorkspaceSize",
     "aclnnUpsampleBilinear2d",
     "aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer",
-    "ACL_OPT_DETERMINISTIC", "aclrtContext", "aclrtCreateContext", "aclrtSetCurrentContext",
+    "ACL_OPT_DETERMINISTIC", "ACLNN_IREE_OPT_FORM", "FORM_ENV", "KERNEL_FORMS", "current_form", "scoped_form",
+    "aclrtContext", "aclrtCreateContext", "aclrtSetCurrentContext",
     "aclrtGetCurrentContext", "aclrtDestroyContext", "aclrtCtxSetSysParamOpt", "aclrtCtxGetSysParamOpt",
 ]
 # The status codes are part of this module's namespace too (aclnn.ACLNN_SUCCESS, ...).
@@ -638,6 +642,11 @@ def _executor(op: str, device, binding, inputs, outputs) -> aclOpExecutor:
     `inputs`, `outputs`: the aclTensors of the call in aclnn's order."""
     if binding.spec is None:
         return aclOpExecutor(op, device, zero_fill=binding.zero_fill, inputs=inputs, outputs=outputs)
+    try:
+        spec, function = binding.spec.in_form(_form(device), binding.function)
+    except ValueError as e:  # a form the operator does not have (yet)
+        raise AclnnError(E.ACLNN_ERR_INNER_FIND_KERNEL_ERROR, f"{e}; ask for the tuned form") from None
+    binding = dataclasses.replace(binding, spec=spec, function=function)
     kernel = _load_kernel(device, binding.spec, binding.function)
     ws = _workspace_size(kernel, [t.view for t in binding.tensors])
     return aclOpExecutor(op, device, kernel, binding.tensors, ws, inputs=inputs, outputs=outputs)
@@ -652,6 +661,14 @@ def _workspace_size(kernel, views) -> int:
 
 # ----------------------------------------------------------------------------- contexts
 ACL_OPT_DETERMINISTIC = 0  # aclSysParamOpt: 1 = deterministic computation (aclnn's name and value)
+# This package's own option, beside aclnn's (a value aclnn's aclSysParamOpt does not use): the
+# kernel form phase 1 picks, an index into KERNEL_FORMS: 0 "tuned" (the hand-written kernels
+# where they exist for the device's target, else linalg), 1 "linalg" (the linalg form, IREE's
+# own code generation).  Unset in a context, it follows the environment variable FORM_ENV
+# (read at each phase 1: "tuned", "linalg", or unset/empty for tuned).
+ACLNN_IREE_OPT_FORM = 1000
+KERNEL_FORMS = FORMS
+FORM_ENV = "ACLNN_IREE_FORM"
 
 
 class aclrtContext:
@@ -662,11 +679,11 @@ class aclrtContext:
     """
 
     def __init__(self):
-        self.options = {ACL_OPT_DETERMINISTIC: 0}
+        self.options = {ACL_OPT_DETERMINISTIC: 0, ACLNN_IREE_OPT_FORM: None}  # None: from FORM_ENV
         self.destroyed = False
 
     def __repr__(self):
-        return f"aclrtContext(deterministic={self.options[ACL_OPT_DETERMINISTIC]})"
+        return f"aclrtContext(deterministic={self.options[ACL_OPT_DETERMINISTIC]}, form={current_form(self)!r})"
 
 
 _default_context = aclrtContext()
@@ -686,7 +703,47 @@ def scoped_determinism(deterministic):
         yield
         return
     ctx = aclrtContext()
+    ctx.options.update(current_context().options)
     ctx.options[ACL_OPT_DETERMINISTIC] = int(bool(deterministic))
+    prev = getattr(_ctx_tls, "context", None)
+    _ctx_tls.context = ctx
+    try:
+        yield
+    finally:
+        _ctx_tls.context = prev
+
+
+def current_form(context=None) -> str:
+    """The kernel form phase 1 asks for ("tuned" or "linalg"): `context`'s (default: the
+    calling thread's current context) ACLNN_IREE_OPT_FORM, else the environment variable
+    ACLNN_IREE_FORM, else "tuned".  Raises AclnnError 161002 for another value of the variable."""
+    value = (context or current_context()).options[ACLNN_IREE_OPT_FORM]
+    if value is not None:
+        return KERNEL_FORMS[value]
+    env = os.environ.get(FORM_ENV, "").strip()
+    if env in ("", *KERNEL_FORMS):
+        return env or "tuned"
+    raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"{FORM_ENV}={env[:100]!r} is not a kernel form; "
+                                                 f"use one of {', '.join(KERNEL_FORMS)} or unset it")
+
+
+def _form(device) -> str:
+    """The form of the kernels phase 1 loads on `device`: the linalg form where it is asked for
+    (current_form) or where the device's target has no tuned forms."""
+    form = current_form()
+    return form if _target(device).tuned else "linalg"
+
+
+@contextlib.contextmanager
+def scoped_form(form):
+    """Within the block, the calling thread's phase-1 calls ask for the kernel form `form`
+    ("tuned", "linalg"; None: leave the current context as it is).  For the Pythonic layer."""
+    if form is None:
+        yield
+        return
+    ctx = aclrtContext()
+    ctx.options.update(current_context().options)
+    ctx.options[ACLNN_IREE_OPT_FORM] = KERNEL_FORMS.index(form)
     prev = getattr(_ctx_tls, "context", None)
     _ctx_tls.context = ctx
     try:
@@ -733,8 +790,9 @@ def aclrtDestroyContext(context) -> int:
 
 
 def _check_opt(opt):
-    if isinstance(opt, bool) or opt not in (ACL_OPT_DETERMINISTIC,):
-        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"unknown aclSysParamOpt {brief(opt)}; known: ACL_OPT_DETERMINISTIC (0)")
+    if isinstance(opt, bool) or opt not in (ACL_OPT_DETERMINISTIC, ACLNN_IREE_OPT_FORM):
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"unknown aclSysParamOpt {brief(opt)}; known: ACL_OPT_DETERMINISTIC "
+                                                     f"(0), ACLNN_IREE_OPT_FORM ({ACLNN_IREE_OPT_FORM})")
 
 
 @_status_call()
@@ -744,20 +802,28 @@ def aclrtCtxSetSysParamOpt(opt, value) -> int:
     ACL_OPT_DETERMINISTIC = 1: operators whose GPU kernels would add with float
     atomics (grid sampler dx) use an order-fixed form instead, so results are
     bitwise reproducible; 0 (default): the faster atomic form.  CPU kernels are
-    always deterministic.  Applies to phase-1 calls made afterwards.  Returns
-    ACLNN_SUCCESS, or 161002 for an unknown option or a value other than 0/1.
+    always deterministic.
+    ACLNN_IREE_OPT_FORM (this package's option): 0 the tuned kernels (the hand-written forms
+    where the device's target has them, else linalg), 1 the linalg forms (IREE's own code
+    generation); unset, the environment variable ACLNN_IREE_FORM decides (current_form).
+    Applies to phase-1 calls made afterwards.  Returns ACLNN_SUCCESS, or 161002 for an
+    unknown option or a value other than 0/1.
     """
     _check_opt(opt)
+    name = "ACL_OPT_DETERMINISTIC" if opt == ACL_OPT_DETERMINISTIC else "ACLNN_IREE_OPT_FORM"
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) not in (0, 1):
-        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"ACL_OPT_DETERMINISTIC takes 0 or 1, got {brief(value)}")
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"{name} takes 0 or 1, got {brief(value)}")
     current_context().options[opt] = int(value)
     return E.ACLNN_SUCCESS
 
 
 @_status_call(failure_extra=(None,))
 def aclrtCtxGetSysParamOpt(opt):
-    """(status, value) of a system option of the current context."""
+    """(status, value) of a system option of the current context (ACLNN_IREE_OPT_FORM: the
+    form's index in KERNEL_FORMS, from ACLNN_IREE_FORM where the context leaves it unset)."""
     _check_opt(opt)
+    if opt == ACLNN_IREE_OPT_FORM:
+        return E.ACLNN_SUCCESS, KERNEL_FORMS.index(current_form())
     return E.ACLNN_SUCCESS, current_context().options[opt]
 
 

@@ -317,7 +317,7 @@ def current_determinism() -> bool:
 
 
 def run_grid_sampler(stream, storages, interpolation_mode, padding_mode, align_corners, output_mask,
-                     deterministic=None, read=_result, kept=None):
+                     deterministic=None, read=_result, kept=None, form=None):
     """aclnnGridSampler2DBackward on `storages` (grad_output, input, grid, grad_input,
     grad_grid; a masked-out output as no_storage), waiting for the result; returns
     [read(grad_input Storage, device) or None, read(grad_grid Storage, device) or None].
@@ -326,11 +326,12 @@ def run_grid_sampler(stream, storages, interpolation_mode, padding_mode, align_c
     """
     if deterministic is None:
         deterministic = current_determinism()
+    form = form or A.current_form()
     key = _signature(grid_sampler.OPERATOR.name, stream.device, *((s.shape, s.dtype, s.fmt) for s in storages), *_typed(
-        (interpolation_mode, padding_mode, align_corners, deterministic)), tuple(output_mask))
+        (interpolation_mode, padding_mode, align_corners, deterministic)), tuple(output_mask), form)
 
     def phase1(t):
-        with A.scoped_determinism(deterministic):
+        with A.scoped_determinism(deterministic), A.scoped_form(form):
             return A.aclnnGridSampler2DBackwardGetWorkspaceSize(
                 t[0], t[1], t[2], interpolation_mode, padding_mode, align_corners,
                 A.aclCreateBoolArray(list(output_mask)), t[3], t[4])
@@ -338,51 +339,70 @@ def run_grid_sampler(stream, storages, interpolation_mode, padding_mode, align_c
 
 
 def run_upsample(stream, storages, output_size, input_size, align_corners, scales_h, scales_w, read=_result,
-                 kept=None):
+                 kept=None, form=None):
     """aclnnUpsampleBilinear2dBackwardV2 on `storages` (grad_output, grad_input; scales None:
     not given), waiting for the result; returns [read(grad_input Storage, device)].  Raises AclnnError."""
     try:
         sizes = (_typed(output_size), _typed(input_size))
     except TypeError:  # not sequences: phase 1 says what is wrong
         sizes = ([],)
+    form = form or A.current_form()
     key = _signature(upsample.OPERATOR.name, stream.device, *((s.shape, s.dtype, s.fmt) for s in storages), *sizes,
-                     *_typed((align_corners, scales_h, scales_w)))
+                     *_typed((align_corners, scales_h, scales_w)), form)
 
     def phase1(t):
         osz, isz = _int_array("output_size", output_size), _int_array("input_size", input_size)
-        return A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
-            t[0], osz, isz, align_corners, -1.0 if scales_h is None else scales_h,
-            -1.0 if scales_w is None else scales_w, t[1])
+        with A.scoped_form(form):
+            return A.aclnnUpsampleBilinear2dBackwardV2GetWorkspaceSize(
+                t[0], osz, isz, align_corners, -1.0 if scales_h is None else scales_h,
+                -1.0 if scales_w is None else scales_w, t[1])
     return _run(stream, key, storages, phase1, A.aclnnUpsampleBilinear2dBackwardV2, read, kept)
 
 
 def run_grid_sampler_forward(stream, storages, interpolation_mode, padding_mode, align_corners, read=_result,
-                             kept=None):
+                             kept=None, form=None):
     """aclnnGridSampler2D on `storages` (input, grid, output), waiting for the result; returns
     [read(output Storage, device)].  Raises AclnnError."""
+    form = form or A.current_form()
     key = _signature(grid_sampler_forward.OPERATOR.name, stream.device, *((s.shape, s.dtype, s.fmt) for s in storages),
-                     *_typed((interpolation_mode, padding_mode, align_corners)))
+                     *_typed((interpolation_mode, padding_mode, align_corners)), form)
 
     def phase1(t):
-        return A.aclnnGridSampler2DGetWorkspaceSize(t[0], t[1], interpolation_mode, padding_mode, align_corners, t[2])
+        with A.scoped_form(form):
+            return A.aclnnGridSampler2DGetWorkspaceSize(t[0], t[1], interpolation_mode, padding_mode, align_corners,
+                                                        t[2])
     return _run(stream, key, storages, phase1, A.aclnnGridSampler2D, read, kept)
 
 
-def run_upsample_forward(stream, storages, output_size, align_corners, scales_h, scales_w, read=_result, kept=None):
+def run_upsample_forward(stream, storages, output_size, align_corners, scales_h, scales_w, read=_result, kept=None,
+                         form=None):
     """aclnnUpsampleBilinear2d on `storages` (input, output; scales None: not given), waiting for
     the result; returns [read(output Storage, device)].  Raises AclnnError."""
     try:
         size = (_typed(output_size),)
     except TypeError:  # not a sequence: phase 1 says what is wrong
         size = ([],)
+    form = form or A.current_form()
     key = _signature(upsample_forward.OPERATOR.name, stream.device, *((s.shape, s.dtype, s.fmt) for s in storages),
-                     *size, *_typed((align_corners, scales_h, scales_w)))
+                     *size, *_typed((align_corners, scales_h, scales_w)), form)
 
     def phase1(t):
-        return A.aclnnUpsampleBilinear2dGetWorkspaceSize(
-            t[0], _int_array("output_size", output_size), align_corners, -1.0 if scales_h is None else scales_h,
-            -1.0 if scales_w is None else scales_w, t[1])
+        with A.scoped_form(form):
+            return A.aclnnUpsampleBilinear2dGetWorkspaceSize(
+                t[0], _int_array("output_size", output_size), align_corners, -1.0 if scales_h is None else scales_h,
+                -1.0 if scales_w is None else scales_w, t[1])
     return _run(stream, key, storages, phase1, A.aclnnUpsampleBilinear2d, read, kept)
+
+
+def _form_arg(form):
+    """The Pythonic functions' `form`: None or "tuned" (the hand-written kernels where the
+    device's target has them, else the linalg form), "linalg" (the linalg form: IREE's own code
+    generation; docs/kernel-design.md#forms); None follows the current context
+    (aclnn.current_form: ACLNN_IREE_OPT_FORM, else ACLNN_IREE_FORM).  Raises AclnnError 161002."""
+    if form is None or (isinstance(form, str) and form in A.KERNEL_FORMS):
+        return form
+    raise AclnnError(ACLNN_ERR_PARAM_INVALID, f"form must be None, {' or '.join(map(repr, A.KERNEL_FORMS))}, got "
+                                              f"{type(form).__name__} {form!r}"[:200])
 
 
 def _int_values(name, values) -> tuple:
@@ -409,7 +429,7 @@ def _int_array(name, values):
 
 
 def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, padding_mode=0, align_corners=False,
-                             output_mask=(True, True), *, device: str = "local-task", deterministic=None):
+                             output_mask=(True, True), *, device: str = "local-task", deterministic=None, form=None):
     """Gradients of grid_sample w.r.t. input and grid (torch.ops.aten.grid_sampler_2d_backward).
 
     grad_output: (N, C, H_out, W_out); input: (N, C, H_in, W_in); grid:
@@ -439,6 +459,7 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
         raise AclnnError(ACLNN_ERR_PARAM_INVALID,
                          f"deterministic must be True, False or None, got {type(deterministic).__name__} "
                          f"{deterministic!r}"[:200])
+    form = _form_arg(form)
     go, x, g = _as_array("grad_output", grad_output), _as_array("input", input), _as_array("grid", grid)
     mask = _output_mask(output_mask)
     interpolation_mode = _mode("interpolation_mode", interpolation_mode, INTERPOLATION_NAMES)
@@ -454,11 +475,11 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     storages += [(_output_storage(dev, name, a.shape, a.dtype) if m else no_storage(a.shape, a.dtype))
                  for name, a, m in (("grad_input", x, mask[0]), ("grad_grid", g, mask[1]))]
     return tuple(run_grid_sampler(stream, storages, interpolation_mode, padding_mode, align_corners, mask,
-                                  deterministic))
+                                  deterministic, form=form))
 
 
 def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_corners=False, scales_h=None,
-                                 scales_w=None, *, memory_format: str = "NCHW", device: str = "local-task"):
+                                 scales_w=None, *, memory_format: str = "NCHW", device: str = "local-task", form=None):
     """Gradient of bilinear 2-D upsampling (torch.ops.aten.upsample_bilinear2d_backward; aclnn V2).
 
     grad_output: NCHW (N, C, H_out, W_out), or with memory_format="NHWC"
@@ -480,6 +501,7 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
     A dense interpolation-matrix product would cost O(H_out*H_in) per column and
     a scatter-add runs serially in IREE.
     """
+    form = _form_arg(form)
     go = _as_array("grad_output", grad_output)
     for name, v in (("output_size", output_size), ("input_size", input_size)):
         if v is None:
@@ -499,11 +521,11 @@ def upsample_bilinear2d_backward(grad_output, output_size, input_size, align_cor
     dev = stream.device
     storages = [_host_storage(dev, "grad_output", go, memory_format),
                 _output_storage(dev, "grad_input", out_shape, go.dtype, memory_format)]
-    return run_upsample(stream, storages, output_size, input_size, align_corners, scales_h, scales_w)[0]
+    return run_upsample(stream, storages, output_size, input_size, align_corners, scales_h, scales_w, form=form)[0]
 
 
 def grid_sampler_2d(input, grid, interpolation_mode=0, padding_mode=0, align_corners=False, *,
-                    device: str = "local-task"):
+                    device: str = "local-task", form=None):
     """grid_sample's forward (torch.ops.aten.grid_sampler_2d; aclnnGridSampler2D): input sampled
     at the grid's points.
 
@@ -516,6 +538,7 @@ def grid_sampler_2d(input, grid, interpolation_mode=0, padding_mode=0, align_cor
     `device` ("local-task", "local-sync", "vulkan", "cuda").  Semantics: PyTorch 2.13 CPU
     (docs/semantics.md).
     """
+    form = _form_arg(form)
     x, g = _as_array("input", input), _as_array("grid", grid)
     interpolation_mode = _mode("interpolation_mode", interpolation_mode, INTERPOLATION_NAMES)
     padding_mode = _mode("padding_mode", padding_mode, PADDING_NAMES)
@@ -525,11 +548,11 @@ def grid_sampler_2d(input, grid, interpolation_mode=0, padding_mode=0, align_cor
     dev = stream.device
     storages = [_host_storage(dev, "input", x), _host_storage(dev, "grid", g),
                 _output_storage(dev, "output", out_shape, x.dtype)]
-    return run_grid_sampler_forward(stream, storages, interpolation_mode, padding_mode, align_corners)[0]
+    return run_grid_sampler_forward(stream, storages, interpolation_mode, padding_mode, align_corners, form=form)[0]
 
 
 def upsample_bilinear2d(input, output_size, align_corners=False, scales_h=None, scales_w=None, *,
-                        memory_format: str = "NCHW", device: str = "local-task"):
+                        memory_format: str = "NCHW", device: str = "local-task", form=None):
     """Bilinear 2-D up- or down-sampling (torch.ops.aten.upsample_bilinear2d; aclnnUpsampleBilinear2d).
 
     input: NCHW (N, C, H_in, W_in), or with memory_format="NHWC" (N, H_in, W_in, C);
@@ -539,6 +562,7 @@ def upsample_bilinear2d(input, output_size, align_corners=False, scales_h=None, 
     or (N, H_out, W_out, C) for NHWC.  Raises AclnnError (.status 161001 / 161002).
     Semantics: PyTorch 2.13 CPU (docs/semantics.md).
     """
+    form = _form_arg(form)
     x = _as_array("input", input)
     if output_size is None:
         raise AclnnError(ACLNN_ERR_PARAM_NULLPTR, "output_size is None")
@@ -556,4 +580,4 @@ def upsample_bilinear2d(input, output_size, align_corners=False, scales_h=None, 
     dev = stream.device
     storages = [_host_storage(dev, "input", x, memory_format),
                 _output_storage(dev, "output", out_shape, x.dtype, memory_format)]
-    return run_upsample_forward(stream, storages, output_size, align_corners, scales_h, scales_w)[0]
+    return run_upsample_forward(stream, storages, output_size, align_corners, scales_h, scales_w, form=form)[0]
