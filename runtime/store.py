@@ -280,7 +280,8 @@ def prepare(specs, device_name: str, jobs: int | None = None, progress: bool = F
         raise ValueError(f"jobs must be a positive int or None (the CPU count), got {jobs!r}")
     target = target_for_driver(device_name)
     dirs = search_dirs()
-    specs = list(dict.fromkeys(specs))  # a spec named twice is one module
+    # as the target runs them (the linalg form where it has no tuned forms), each once
+    specs = list(dict.fromkeys(s for s in (s.for_target(target) for s in specs) if s is not None))
     todo = [s for s in specs if not any(ArtifactStore(d).status(s, target) == "ok" for d in dirs)]
     why = _no_compile_reason() if todo else None
     if why:

@@ -13,13 +13,15 @@ through an autouse fixture) runs once per IREE device in DEVICES: the CPU
 except under CI=true, where it fails them: CI must test Vulkan for real.  The first
 test on a device compiles every module for it that no store holds, in parallel
 (prepare_modules), instead of one at a time on first use.
-ACLNN_IREE_TEST_DEVICES="local-task" (comma-separated) narrows the list.
+ACLNN_IREE_TEST_DEVICES="local-task" (comma-separated) narrows the list.  The suites of the
+operators with a linalg form also run once per form (the `kernel_form` fixture).
 
 Order: the tests that may create the Vulkan device run last (pytest_collection_modifyitems).
 IREE's Vulkan device on lavapipe busy-polls while it exists (measured: about 0.66 of a core,
 idle, from its creation until it is destroyed), so every CPU test after it ran on what was
 left of the two cores (the stereo job's fixture: 16-24 s alone, 95 s after the Vulkan tests).
 """
+import contextlib
 import functools
 import inspect
 import os
@@ -69,7 +71,7 @@ def prepare_modules(name: str):
     from aclnn_iree.compiler.specs import all_specs
     from aclnn_iree.runtime import store
     if device_missing(name) is None and compiler_available() and not store.is_offline():
-        store.prepare(all_specs(), name)
+        store.prepare(all_specs(forms=("tuned", "linalg")), name)
 
 
 def no_loaded_modules(monkeypatch):
@@ -89,6 +91,15 @@ def device(request):
     return request.param
 
 
+@pytest.fixture(params=("tuned", "linalg"))
+def kernel_form(request, monkeypatch):
+    """The kernel form a numerical test runs (one test instance per form): the tuned
+    (hand-written) kernels, or the linalg forms, chosen through ACLNN_IREE_FORM as a user
+    would (aclnn.current_form)."""
+    monkeypatch.setenv("ACLNN_IREE_FORM", request.param)
+    return request.param
+
+
 def on_device(device: str):
     """(grid_sampler_2d_backward, upsample_bilinear2d_backward) of the Pythonic layer bound to
     `device`; on GPUs the grid sampler runs in the deterministic mode only when asked."""
@@ -101,6 +112,44 @@ def is_gpu(device: str) -> bool:
     """Whether the IREE device `device` runs the GPU forms of the kernels."""
     from aclnn_iree.compiler.targets import target_for_driver
     return target_for_driver(device).is_gpu
+
+
+def flushes_subnormals(device: str) -> bool:
+    """Whether our kernels on `device` flush subnormals: the linalg forms (IREE's own code
+    generation) on IREE's CPU executors, which run dispatches with FTZ and DAZ set; the tuned
+    CPU kernels clear both for their own bodies (docs/semantics.md#subnormals)."""
+    from aclnn_iree.core import aclnn
+    return not is_gpu(device) and (aclnn.current_form() == "linalg" or device == "vmvx")
+
+
+def flushed(a, compute=None):
+    """`a` with its subnormals (those of the compute type: float32 for narrower types) as zeros
+    of their sign, what FTZ and DAZ make of them; NaN and infinities kept."""
+    import numpy as np
+    a = np.asarray(a)
+    ct = compute or (np.float64 if a.dtype == np.float64 else np.float32)
+    tiny = float(np.finfo(ct).smallest_normal)
+    with np.errstate(invalid="ignore"):
+        small = (np.abs(a.astype(np.float64)) < tiny) & (a != 0)
+    return np.where(small, np.copysign(0.0, a.astype(np.float64)).astype(a.dtype), a)
+
+
+@contextlib.contextmanager
+def torch_like_ours(torch, device: str):
+    """PyTorch's CPU kernels in the floating-point environment ours run in on `device`:
+    subnormals flushed (torch.set_flush_denormal, on one thread: it sets the calling thread's
+    only) where ours flush them (flushes_subnormals), else as they are."""
+    if not flushes_subnormals(device):
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+        torch.set_num_threads(threads)
 
 
 def _may_use_vulkan(item) -> bool:

@@ -635,8 +635,9 @@ UPSAMPLE_VARIANTS = list(itertools.product((False, True), ("NCHW", "NHWC")))
 @pytest.mark.parametrize("direction", ["up", "down"])
 @pytest.mark.parametrize("dtype", [F16, BF16, F64], ids=_name)
 @pytest.mark.parametrize("ac,layout", UPSAMPLE_VARIANTS, ids=lambda v: str(v))
-def test_upsample_dtype_accuracy(ac, layout, dtype, direction, kind):
-    """Both align_corners x NCHW/NHWC x float16/bfloat16/float64, up- and down-sampling."""
+def test_upsample_dtype_accuracy(ac, layout, dtype, direction, kind, kernel_form):
+    """Both align_corners x NCHW/NHWC x float16/bfloat16/float64, up- and down-sampling, on
+    the tuned kernels and the linalg form (the same bound: both accumulate in float32)."""
     check_case(upsample_case(direction, kind, ac, layout), dtype)
 
 

@@ -642,8 +642,13 @@ def _executor(op: str, device, binding, inputs, outputs) -> aclOpExecutor:
     `inputs`, `outputs`: the aclTensors of the call in aclnn's order."""
     if binding.spec is None:
         return aclOpExecutor(op, device, zero_fill=binding.zero_fill, inputs=inputs, outputs=outputs)
+    target = _target(device)
+    if binding.spec.dtype not in target.dtypes:
+        raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"dtype {binding.spec.dtype} is not supported on {device.name} "
+                                                     f"(the {target.name} target computes {', '.join(target.dtypes)})")
+    form = _form(device)
     try:
-        spec, function = binding.spec.in_form(_form(device), binding.function)
+        spec, function = binding.spec.in_form(form, binding.function)
     except ValueError as e:  # a form the operator does not have (yet)
         raise AclnnError(E.ACLNN_ERR_INNER_FIND_KERNEL_ERROR, f"{e}; ask for the tuned form") from None
     binding = dataclasses.replace(binding, spec=spec, function=function)

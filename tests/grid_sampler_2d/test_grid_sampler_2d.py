@@ -35,7 +35,7 @@ import pytest
 
 from aclnn_iree.core import api
 from aclnn_iree.ops import reference as ref
-from conftest import is_gpu
+from conftest import flushed, flushes_subnormals, is_gpu, torch_like_ours
 from grid_sampler_2d_backward.test_grid_sampler import (STRUCTURED_SIZES, _axis_footprint, _coordinate_scale,
                                                         assert_within, storage_bound, structured_grid)
 
@@ -49,6 +49,13 @@ TAPS = {0: 4, 1: 1, 2: 16}
 MODE_NAMES = {0: "bilinear", 1: "nearest", 2: "bicubic"}
 PAD_NAMES = {0: "zeros", 1: "border", 2: "reflection"}
 
+
+
+@pytest.fixture(autouse=True)
+def _each_form(kernel_form):
+    """Every test of this module runs on the tuned kernels and on the linalg form (the same
+    bounds, and PyTorch's bits on CPUs: both compute PyTorch's float expressions; the linalg
+    form's subnormals flushed as IREE's CPU executors do, against PyTorch's flushing them)."""
 
 def combo_id(c):
     m, p, ac = c[:3]
@@ -110,17 +117,23 @@ def check(device, torch, x, grid, mode, pad, ac, label=""):
     established, else the bound); returns the output."""
     what = f"{combo_id((mode, pad, ac, x.dtype))} {label}"
     out = run(device, x, grid, mode, pad, ac)
+    flush = flushes_subnormals(device)  # then inputs, products and outputs lose their subnormals
     with np.errstate(invalid="ignore", over="ignore"):  # the reference's inf * 0
-        expected = ref.grid_sampler_2d(x, grid, mode, pad, ac)
+        expected = ref.grid_sampler_2d(flushed(x) if flush else x, flushed(grid) if flush else grid, mode, pad, ac)
+    if flush:
+        expected = flushed(expected, np.float64 if x.dtype == np.float64 else np.float32)
     finite = np.isfinite(expected)
     o64 = out.astype(np.float64)
     assert np.array_equal(np.isnan(o64), np.isnan(expected)), f"{what}: NaN pattern"
     assert np.array_equal(o64[~finite & ~np.isnan(expected)], expected[~finite & ~np.isnan(expected)]), \
         f"{what}: infinities"
     bound = error_bound(x, grid, mode, pad, ac, np.where(finite, expected, 0.0))
+    if flush:  # each of the T terms (and the sum) may lose up to the smallest normal
+        bound = bound + (TAPS[mode] + 1) * float(np.finfo(np.float64 if x.dtype == np.float64 else np.float32).smallest_normal)
     assert_within(np.where(finite, o64, 0.0), np.where(finite, expected, 0.0), bound, what + " vs reference")
     if torch is not None and x.dtype in (np.float32, np.float64) and np.isfinite(grid).all():
-        t = torch_forward(torch, x, grid, mode, pad, ac)
+        with torch_like_ours(torch, device):
+            t = torch_forward(torch, x, grid, mode, pad, ac)
         if not is_gpu(device):
             assert np.array_equal(out, t, equal_nan=True), \
                 f"{what}: not bitwise PyTorch's, {int(np.sum(out != t))} elements differ"
@@ -191,7 +204,7 @@ def test_non_finite_and_subnormal_inputs(device, torch, mode, pad, ac):
         x[0, 2] = tiny * np.arange(1, H * W + 1, dtype=dtype).reshape(H, W)
         x[0, 3, 0, 0] = -np.inf
         out = check(device, torch, x, grid.astype(dtype), mode, pad, ac, "special input")
-        if mode == 1 and not is_gpu(device):
+        if mode == 1 and not is_gpu(device) and not flushes_subnormals(device):
             # nearest copies: the subnormal channel's outputs are its pixels, unflushed
             with np.errstate(invalid="ignore"):
                 expected = ref.grid_sampler_2d(x, grid, mode, pad, ac)[0, 2]

@@ -1,0 +1,134 @@
+"""Kernel forms (tuned / linalg) and the targets only IREE's own code generation reaches.
+
+* Choosing the form: the Pythonic `form=`, the aclnn layer's ACLNN_IREE_OPT_FORM option and
+  ACLNN_IREE_FORM variable, with their errors; a form an operator lacks is a status, not a
+  crash.  (The numerical suites of the operators with a linalg form run on both forms:
+  conftest.kernel_form.)
+* rocm, metal-spirv and vmvx: a sample of specialisations that covers every mode, padding,
+  align_corners and dtype value of each operator compiles for each target (the form
+  buildable_pairs gives it); vmvx also runs, against PyTorch.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from aclnn_iree.compiler.build import ArtifactStore, buildable_pairs
+from aclnn_iree.compiler.specs import FORMS, all_specs
+from aclnn_iree.compiler.targets import TARGETS, get_target
+from aclnn_iree.core import aclnn as A
+from aclnn_iree.core import api
+from aclnn_iree.core.errors import ACLNN_ERR_INNER_FIND_KERNEL_ERROR, ACLNN_ERR_PARAM_INVALID, AclnnError
+
+torch = pytest.importorskip("torch")
+
+
+def _sample(op: str) -> list:
+    """Specialisations of `op` such that every value of every parameter (and dtype) appears:
+    the i-th takes the i-th value of each parameter, cycling."""
+    specs = list(all_specs([op]))
+    fields = [f for f in specs[0].__dataclass_fields__ if f != "form"]
+    values = {f: sorted({getattr(s, f) for s in specs}, key=str) for f in fields}
+    n = max(len(v) for v in values.values())
+    want = [{f: values[f][i % len(values[f])] for f in fields} for i in range(n)]
+    return [next(s for s in specs if all(getattr(s, f) == w[f] for f in fields)) for w in want]
+
+
+SAMPLE = [s for op in ("grid_sampler_2d_backward", "upsample_bilinear2d_backward", "grid_sampler_2d",
+                       "upsample_bilinear2d") for s in _sample(op)]
+
+
+@pytest.mark.parametrize("target", ["rocm", "metal-spirv", "vmvx"])
+def test_sample_compiles_for_the_targets_without_a_test_machine(target, tmp_path):
+    t = TARGETS[target]
+    pairs = buildable_pairs(SAMPLE, [t])
+    forms = {s.form for s, _ in pairs}
+    assert forms == ({"linalg"} if target == "vmvx" else {"tuned"})
+    assert {s.dtype for s, _ in pairs} == set(t.dtypes)
+    res = ArtifactStore(str(tmp_path)).build(SAMPLE, [t], progress=False)
+    assert res.failed == [] and res.compiled == len(pairs)
+    entries = ArtifactStore(str(tmp_path)).manifest()["artifacts"].values()
+    assert {(e["specialisation"]["form"], e["target"]) for e in entries} == {(f, target) for f in forms}
+
+
+def test_vmvx_computes_what_pytorch_does():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 3, 6, 7)).astype(np.float32)
+    grid = (rng.random((2, 4, 5, 2)) * 2.4 - 1.2).astype(np.float32)
+    tx, tg = torch.from_numpy(x), torch.from_numpy(grid)
+    eps = np.finfo(np.float32).eps
+    for mode, pad, ac in itertools.product(range(3), range(3), (False, True)):
+        want = torch.grid_sampler_2d(tx, tg, mode, pad, ac).numpy()
+        got = api.grid_sampler_2d(x, grid, mode, pad, ac, device="vmvx")
+        np.testing.assert_allclose(got, want, rtol=0, atol=64 * eps * np.abs(x).max(), err_msg=str((mode, pad, ac)))
+    for ac, size in itertools.product((False, True), ((11, 4), (3, 9), (6, 7))):
+        want = torch.nn.functional.interpolate(tx, size=size, mode="bilinear", align_corners=ac).numpy()
+        got = api.upsample_bilinear2d(x, size, ac, device="vmvx")
+        np.testing.assert_allclose(got, want, rtol=0, atol=16 * eps * np.abs(x).max())
+        go = rng.standard_normal((2, 3, *size)).astype(np.float32)
+        want = torch.ops.aten.upsample_bilinear2d_backward(torch.from_numpy(go), list(size), [2, 3, 6, 7], ac).numpy()
+        got = api.upsample_bilinear2d_backward(go, size, (2, 3, 6, 7), ac, device="vmvx")
+        np.testing.assert_allclose(got, want, rtol=0, atol=64 * eps * np.abs(go).sum(axis=(2, 3)).max())
+
+
+def test_vmvx_refuses_the_dtypes_it_cannot_compute():
+    x = np.ones((1, 1, 4, 4), np.float16)
+    with pytest.raises(AclnnError) as e:
+        api.upsample_bilinear2d(x, (8, 8), device="vmvx")
+    assert e.value.status == ACLNN_ERR_PARAM_INVALID and "vmvx" in str(e.value) and "float16" in str(e.value)
+
+
+def test_form_argument_and_its_errors():
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    a = api.upsample_bilinear2d(x, (7, 5), form="tuned")
+    b = api.upsample_bilinear2d(x, (7, 5), form="linalg")
+    assert np.array_equal(a, b)  # both compute PyTorch's float expressions on CPUs
+    for bad in ("fast", 1, "LINALG"):
+        with pytest.raises(AclnnError) as e:
+            api.upsample_bilinear2d(x, (7, 5), form=bad)
+        assert e.value.status == ACLNN_ERR_PARAM_INVALID and "form" in str(e.value)
+
+
+def test_a_form_an_operator_lacks_is_a_status():
+    go, x, grid = np.ones((1, 1, 2, 2), np.float32), np.ones((1, 1, 3, 3), np.float32), np.zeros((1, 2, 2, 2), np.float32)
+    with pytest.raises(AclnnError) as e:
+        api.grid_sampler_2d_backward(go, x, grid, form="linalg")
+    assert e.value.status == ACLNN_ERR_INNER_FIND_KERNEL_ERROR and "no linalg form" in str(e.value)
+
+
+def test_environment_and_context_option(monkeypatch):
+    monkeypatch.delenv(A.FORM_ENV, raising=False)
+    assert A.current_form() == "tuned"
+    monkeypatch.setenv(A.FORM_ENV, "linalg")
+    assert A.current_form() == "linalg"
+    assert A.aclrtCtxGetSysParamOpt(A.ACLNN_IREE_OPT_FORM) == (A.ACLNN_SUCCESS, 1)
+    status, ctx = A.aclrtCreateContext()
+    try:
+        assert A.aclrtCtxSetSysParamOpt(A.ACLNN_IREE_OPT_FORM, 0) == A.ACLNN_SUCCESS
+        assert A.current_form() == "tuned"  # the context's option wins over the variable
+        assert A.aclrtCtxSetSysParamOpt(A.ACLNN_IREE_OPT_FORM, 2) == ACLNN_ERR_PARAM_INVALID
+    finally:
+        A.aclrtDestroyContext(ctx)
+    monkeypatch.setenv(A.FORM_ENV, "fastest")
+    with pytest.raises(AclnnError) as e:
+        A.current_form()
+    assert e.value.status == ACLNN_ERR_PARAM_INVALID and A.FORM_ENV in str(e.value)
+    x = A.aclCreateTensor(np.ones((1, 1, 2, 2), np.float32), "NCHW")
+    out = A.aclCreateTensor(shape=(1, 1, 4, 4), dtype=np.float32, format="NCHW")
+    status, _, ex = A.aclnnUpsampleBilinear2dGetWorkspaceSize(x, A.aclCreateIntArray([4, 4]), False, -1.0, -1.0, out)
+    assert status == ACLNN_ERR_PARAM_INVALID and ex is None and A.FORM_ENV in A.aclGetRecentErrMsg()
+
+
+def test_what_each_target_builds_of_each_spec():
+    vmvx, cpu = get_target("vmvx"), get_target("llvm-cpu")
+    for spec in all_specs(forms=FORMS):
+        assert spec.kernel_name.endswith("_linalg") == spec.linalg
+        assert spec.template == f"{spec.op}/{'linalg' if spec.linalg else 'module'}.mlir.j2"
+        assert spec.for_target(cpu) == spec
+        built = spec.for_target(vmvx)
+        if spec.dtype != "float32" or "linalg" not in spec.forms:
+            assert built is None
+        else:
+            assert built.linalg and built.kernel_name.removesuffix("_linalg") == spec.kernel_name.removesuffix("_linalg")
