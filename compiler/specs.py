@@ -177,6 +177,12 @@ class KernelSpec:
             return None
         return self if target.tuned or self.linalg else dataclasses.replace(self, form="linalg")
 
+    def serial_iterations(self, function: str, shapes) -> int:
+        """Loop iterations the longest single invocation of `function` runs for tensors of
+        these shapes (the call's, in its argument order), where the form runs work serially
+        that grows with the call (0: none; see Device.loop_budget)."""
+        return 0
+
     def in_form(self, form: str, function: str) -> tuple:
         """(specialisation, function) of this one in `form` (one of FORMS), for the call
         `function` (one of function_names()) makes: the linalg form exports each operator's
@@ -225,7 +231,6 @@ class GridSamplerSpec(KernelSpec):
 
     op = "grid_sampler_2d_backward"
     choices = {"interpolation_mode": INTERPOLATION_MODES, "padding_mode": PADDING_MODES}
-    forms = ("tuned",)  # its linalg form (a scatter for dx, a gather for dgrid) is not written yet
 
     @property
     def kernel_name(self) -> str:
@@ -256,6 +261,16 @@ class GridSamplerSpec(KernelSpec):
                 or (mask == (True, True) and channels in SPLIT_POINTS_CHANNELS)):
             suffix += "_points"
         return self.kernel_name + suffix
+
+    def serial_iterations(self, function: str, shapes) -> int:
+        """The linalg form's grad_input scatter: IREE runs a scatter with colliding indices
+        serially, one invocation walking every update (N H_out W_out taps of them) and its
+        channels, about (C + 3) loop iterations per update on lavapipe (measured)."""
+        if not self.linalg or function.endswith("_dgrid"):
+            return 0
+        N, C = shapes[1][:2]
+        Ho, Wo = shapes[2][1:3]
+        return N * Ho * Wo * {"bilinear": 4, "nearest": 1, "bicubic": 16}[self.interpolation_mode] * (C + 3)
 
     def function_names(self, target=None) -> tuple:
         """Every function the module for `target` (default: a CPU target) exports."""

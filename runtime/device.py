@@ -91,6 +91,10 @@ class Device:
         if staged is None:
             staged = not self.is_host and not _device_memory_is_cached_host_memory(self.allocator)
         self.staged = bool(staged)
+        # Loop iterations one invocation may run before the driver stops it, where it is
+        # known to stop them: Mesa's lavapipe (software Vulkan) after 65535 in all, which
+        # serial dispatches (the linalg forms' scatter) can reach; a margin below.  None: no limit.
+        self.loop_budget = 60000 if base == "vulkan" and _vulkan_is_lavapipe() else None
         # Pinned host memory for staged uploads and downloads, kept for reuse: pinning is a
         # system call per allocation (PyTorch's CUDA host allocator caches it for the same reason).
         self._staging = (StagingPool(self.allocator, _STAGING_UPLOAD), StagingPool(self.allocator, _STAGING_DOWNLOAD))
@@ -229,6 +233,15 @@ class StagingPool:
             if self.idle_bytes + size <= self.keep_bytes:
                 self.idle.setdefault(size, []).append(buffer)
                 self.idle_bytes += size
+
+
+def _vulkan_is_lavapipe() -> bool:
+    """Whether IREE's default Vulkan device is Mesa's lavapipe (its first device: "llvmpipe ...")."""
+    try:
+        devices = rt.get_driver("vulkan").query_available_devices()
+    except Exception:  # noqa: BLE001 - no driver: not lavapipe
+        return False
+    return bool(devices) and str(devices[0].get("name", "")).startswith("llvmpipe")
 
 
 def _device_memory_is_cached_host_memory(allocator) -> bool:

@@ -582,7 +582,7 @@ def _grid_id(v):
 @pytest.mark.parametrize("kind", ["random", "structured", "large"])
 @pytest.mark.parametrize("dtype", [F16, BF16, F64], ids=_name)
 @pytest.mark.parametrize("variant", GRID_VARIANTS, ids=_grid_id)
-def test_grid_sampler_dtype_accuracy(variant, dtype, kind):
+def test_grid_sampler_dtype_accuracy(variant, dtype, kind, kernel_form):
     """All 3 modes x 3 paddings x 2 align_corners; float16/bfloat16 within the derived bound,
     float64 to 1e-12 relative.  'large' (+-1000 in grad_output and input) overflows dgrid in
     float16: those elements must be +-inf."""

@@ -334,7 +334,7 @@ def check_grid_sampler(go, x, grid, mode, padding, align_corners):
 @pytest.mark.parametrize("mode,padding,align_corners", COMBOS, ids=COMBO_IDS)
 @settings(max_examples=GS_EXAMPLES_PER_COMBO)
 @given(data=st.data())
-def test_grid_sampler_backward_f32_matches_reference_and_torch(mode, padding, align_corners, data):
+def test_grid_sampler_backward_f32_matches_reference_and_torch(mode, padding, align_corners, data, kernel_form):
     go, x, grid = data.draw(grid_sampler_cases(align_corners), label="case")
     check_grid_sampler(go, x, grid, mode, padding, align_corners)
 

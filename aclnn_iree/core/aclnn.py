@@ -652,6 +652,13 @@ def _executor(op: str, device, binding, inputs, outputs) -> aclOpExecutor:
     except ValueError as e:  # a form the operator does not have (yet)
         raise AclnnError(E.ACLNN_ERR_INNER_FIND_KERNEL_ERROR, f"{e}; ask for the tuned form") from None
     binding = dataclasses.replace(binding, spec=spec, function=function)
+    budget = device.loop_budget
+    if budget is not None and spec.serial_iterations(function, [t.shape for t in binding.tensors]) > budget:
+        raise AclnnError(E.ACLNN_ERR_INNER_TILING_ERROR,
+                         f"{function} runs its work serially in one invocation, and {device.name}'s driver (Mesa's "
+                         f"lavapipe) stops an invocation after 65535 loop iterations: this call needs about "
+                         f"{spec.serial_iterations(function, [t.shape for t in binding.tensors])}; use the tuned form "
+                         f"or a smaller call")
     kernel = _load_kernel(device, binding.spec, binding.function)
     ws = _workspace_size(kernel, [t.view for t in binding.tensors])
     return aclOpExecutor(op, device, kernel, binding.tensors, ws, inputs=inputs, outputs=outputs)

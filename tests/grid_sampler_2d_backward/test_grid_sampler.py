@@ -27,6 +27,7 @@ import numpy as np
 import pytest
 
 from aclnn_iree import AclnnError
+from aclnn_iree.core.errors import ACLNN_ERR_INNER_TILING_ERROR
 from aclnn_iree.ops import reference as ref
 from aclnn_iree.core.api import grid_sampler_2d_backward as gsb
 from conftest import is_gpu, on_device
@@ -282,7 +283,7 @@ def check_against(torch, go, x, grid, mode, pad, ac, label=""):
 # Against PyTorch (float32) and the float64 reference
 # ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode,pad,ac", ALL_COMBOS, ids=combo_ids(ALL_COMBOS))
-def test_random_shapes_match_torch_and_reference(torch, mode, pad, ac):
+def test_random_shapes_match_torch_and_reference(torch, mode, pad, ac, kernel_form):
     rng = np.random.default_rng(1000 + 100 * mode + 10 * pad + ac)
     for shape in SHAPES:
         go, x, grid = random_case(rng, shape)
@@ -317,7 +318,7 @@ STRUCTURED_SIZES = {False: (4, 8), True: (5, 9)}
 
 
 @pytest.mark.parametrize("mode,pad,ac", ALL_COMBOS, ids=combo_ids(ALL_COMBOS))
-def test_structured_grid_borders_and_pixel_centres(torch, mode, pad, ac):
+def test_structured_grid_borders_and_pixel_centres(torch, mode, pad, ac, kernel_form):
     """Grid points exactly on -1/+1, 0, pixel centres and pixel edges (both conventions)."""
     rng = np.random.default_rng(7 + 100 * mode + 10 * pad + ac)
     H, W = STRUCTURED_SIZES[ac]
@@ -339,7 +340,7 @@ def test_structured_grid_borders_and_pixel_centres(torch, mode, pad, ac):
 
 
 @pytest.mark.parametrize("mode,pad,ac", ALL_COMBOS, ids=combo_ids(ALL_COMBOS))
-def test_single_one_in_zero_grad_output(torch, mode, pad, ac):
+def test_single_one_in_zero_grad_output(torch, mode, pad, ac, kernel_form):
     """grad_output with a single 1: grad_input is that point's tap weights in its plane
     only, grad_grid is non-zero at that point only."""
     rng = np.random.default_rng(55 + 100 * mode + 10 * pad + ac)
@@ -418,7 +419,7 @@ def test_grad_grid_matches_central_differences_of_forward(mode, pad, ac):
 
 
 @pytest.mark.parametrize("mode,pad,ac", ALL_COMBOS, ids=combo_ids(ALL_COMBOS))
-def test_grad_input_adjoint_identity(mode, pad, ac):
+def test_grad_input_adjoint_identity(mode, pad, ac, kernel_form):
     """<forward(z, grid), g> == <z, grad_input(g, grid)> (the forward is linear in its input).
 
     Both sides sum the same P*T*C products w * g * z; |w| <= 1, so each side errs by
@@ -448,7 +449,7 @@ MASK_SPECS = [(0, 0, False), (1, 2, True), (2, 1, False)]
 
 @pytest.mark.parametrize("mode,pad,ac", MASK_SPECS, ids=combo_ids(MASK_SPECS))
 @pytest.mark.parametrize("mask", [(True, False), (False, True)], ids=["dx_only", "dgrid_only"])
-def test_output_mask_single_output_is_bitwise_equal(mode, pad, ac, mask):
+def test_output_mask_single_output_is_bitwise_equal(mode, pad, ac, mask, kernel_form):
     rng = np.random.default_rng(11)
     go, x, grid = random_case(rng, (2, 5, 4, 6, 3, 5))
     both = gsb(go, x, grid, mode, pad, ac, (True, True), deterministic=True)
@@ -639,7 +640,7 @@ def _ramp_identity_case():
 
 
 @pytest.mark.parametrize("pad", [1, 2], ids=["border", "reflection"])
-def test_known_identity_grid_border_and_reflection(pad):
+def test_known_identity_grid_border_and_reflection(pad, kernel_form):
     go, x, grid = _ramp_identity_case()
     dx, dg = gsb(go, x, grid, 0, pad, True)
     for row in range(5):
@@ -648,7 +649,7 @@ def test_known_identity_grid_border_and_reflection(pad):
     np.testing.assert_array_equal(dx, np.ones((1, 1, 5, 5)))  # identity: each pixel once
 
 
-def test_known_identity_grid_zeros():
+def test_known_identity_grid_zeros(kernel_form):
     go, x, grid = _ramp_identity_case()
     _, dg = gsb(go, x, grid, 0, 0, True)
     np.testing.assert_array_equal(dg[0, :, 4, 0], [-8] * 5)
@@ -680,7 +681,7 @@ NONFINITE_KNOWN = [
 @pytest.mark.parametrize("ac", ACS, ids=["ac0", "ac1"])
 @pytest.mark.parametrize("gx,pad,expected", NONFINITE_KNOWN,
                          ids=[f"{g}-{PAD_NAMES[p]}" for g, p, _ in NONFINITE_KNOWN])
-def test_known_nonfinite_grid(gx, pad, expected, ac):
+def test_known_nonfinite_grid(gx, pad, expected, ac, kernel_form):
     x = np.array([10, 20], np.float32).reshape(1, 1, 1, 2)
     grid = np.array([gx, 0], np.float32).reshape(1, 1, 1, 2)
     go = np.ones((1, 1, 1, 1), np.float32)
@@ -712,7 +713,7 @@ def _sweep(specials, mode, pad, ac, dtype):
 
 
 @pytest.mark.parametrize("mode,pad,ac", ALL_COMBOS, ids=combo_ids(ALL_COMBOS))
-def test_nonfinite_grid_sweep_equals_reference(mode, pad, ac):
+def test_nonfinite_grid_sweep_equals_reference(mode, pad, ac, kernel_form):
     """NaN / +-inf grid values (paired with each other and with ordinary ones) never crash,
     give finite outputs, and equal the reference exactly."""
     _sweep([NAN, INF, -INF], mode, pad, ac, np.float32)
@@ -726,7 +727,7 @@ REFLECT_AC_HUGE32 = [c for c in ALL_COMBOS if c[1] == 2 and c[2]]
 
 
 @pytest.mark.parametrize("mode,pad,ac", EXACT_HUGE32, ids=combo_ids(EXACT_HUGE32))
-def test_huge_grid_sweep_equals_reference(mode, pad, ac):
+def test_huge_grid_sweep_equals_reference(mode, pad, ac, kernel_form):
     """+-1e38 grid values (float32): never crash, finite outputs equal to the reference."""
     _sweep([1e38, -1e38], mode, pad, ac, np.float32)
 
@@ -742,12 +743,12 @@ def test_huge_grid_reflection_conserves_mass(mode, pad, ac):
 
 
 @pytest.mark.parametrize("mode,pad,ac", ALL_COMBOS, ids=combo_ids(ALL_COMBOS))
-def test_nonfinite_grid_sweep_float64(mode, pad, ac):
+def test_nonfinite_grid_sweep_float64(mode, pad, ac, kernel_form):
     _sweep([NAN, INF, -INF], mode, pad, ac, np.float64)
 
 
 @pytest.mark.parametrize("mode,pad,ac", ALL_COMBOS, ids=combo_ids(ALL_COMBOS))
-def test_huge_grid_sweep_float64(mode, pad, ac):
+def test_huge_grid_sweep_float64(mode, pad, ac, kernel_form):
     _sweep([1e38, -1e38], mode, pad, ac, np.float64)
 
 
@@ -787,7 +788,7 @@ EMPTY_CASES = {
 
 @pytest.mark.parametrize("mode", MODES, ids=list(MODE_NAMES.values()))
 @pytest.mark.parametrize("name", EMPTY_CASES)
-def test_empty_tensors(name, mode):
+def test_empty_tensors(name, mode, kernel_form):
     N, C, H, W, Ho, Wo = EMPTY_CASES[name]
     go, x, grid = random_case(np.random.default_rng(3), (N, C, H, W, Ho, Wo))
     dx, dg = in_fresh_thread(gsb, go, x, grid, mode, 2, False)
@@ -848,13 +849,17 @@ DETERMINISM_SPECS = [(0, 2, False), (2, 0, True), (1, 1, False)]
 
 
 @pytest.mark.parametrize("mode,pad,ac", DETERMINISM_SPECS, ids=combo_ids(DETERMINISM_SPECS))
-def test_deterministic(mode, pad, ac):
+def test_deterministic(mode, pad, ac, kernel_form):
     rng = np.random.default_rng(5)
     go, x, grid = random_case(rng, (2, 64, 6, 5, 7, 6))
     # Many points on few pixels: the scatter-add order matters for the bits.
     grid = (grid * 0.3).astype(np.float32)
     # deterministic=True: GPUs would otherwise add dx with float atomics (CPUs ignore it).
-    a = gsb(go, x, grid, mode, pad, ac, deterministic=True)
+    try:
+        a = gsb(go, x, grid, mode, pad, ac, deterministic=True)
+    except AclnnError as e:  # the linalg form's serial scatter past lavapipe's loop budget: refused
+        assert kernel_form == "linalg" and e.status == ACLNN_ERR_INNER_TILING_ERROR, e
+        return
     b = gsb(go, x, grid, mode, pad, ac, deterministic=True)
     for k in range(2):
         assert np.array_equal(a[k].view(np.uint32), b[k].view(np.uint32))
@@ -952,7 +957,7 @@ DTYPES = {"float16": np.float16, "bfloat16": ml_dtypes.bfloat16, "float64": np.f
 
 @pytest.mark.parametrize("mode,pad,ac", DTYPE_VARIANTS, ids=combo_ids(DTYPE_VARIANTS))
 @pytest.mark.parametrize("dtname", DTYPES)
-def test_other_dtypes_against_reference(dtname, mode, pad, ac):
+def test_other_dtypes_against_reference(dtname, mode, pad, ac, kernel_form):
     """float16 / bfloat16 compute in float32 and round once: |err| <= 2 * half an ulp of the
     stored value + the float32 bound; float64 uses the float64 bound (~1e-14 relative)."""
     dt = DTYPES[dtname]
