@@ -442,9 +442,9 @@ def _cmd_bench(args) -> int:
     if args.roofline:
         return _roofline(args)
     if "torch" in (args.op or []):
-        if args.peers or args.device != "local-task":
+        if args.peers or args.device != "local-task" or args.codegen:
             raise CliError("--op torch times training steps on the CPU beside eager and torch.compile already; "
-                           "--peers and --device apply to the kernel cases")
+                           "--peers, --codegen and --device apply to the kernel cases")
         from .tools.bench_torch import run_torch_bench
         result = run_torch_bench(quick=args.quick, threads=args.threads, repeats=args.repeats)
         if args.json:
@@ -453,7 +453,8 @@ def _cmd_bench(args) -> int:
                 json.dump(result, f, indent=1)
         return 0
     run_bench(quick=args.quick, threads=args.threads, device=args.device, ops=args.op or None,
-              repeats=args.repeats, json_path=args.json, compile=not args.no_compile, peers=args.peers)
+              repeats=args.repeats, json_path=args.json, compile=not args.no_compile, peers=args.peers,
+              codegen=args.codegen)
     return 0
 
 
@@ -547,6 +548,9 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--peers", action="store_true",
                     help="also time torch.compile (inductor's compiled backward) and JAX (jit of linear_transpose "
                          "or vjp) where installed, with the ratio to the fastest peer of each case")
+    bn.add_argument("--codegen", action="store_true",
+                    help="also time the linalg form of each case (IREE's own code generation) and print what the "
+                         "tuned kernels gain over it (x cg)")
     bn.add_argument("--roofline", action="store_true",
                     help="instead: the CPU grid sampler's cycles per output point beside its compute floor "
                          "(llvm-mca over the kernel's own assembly) and its memory floor")

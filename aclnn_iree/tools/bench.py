@@ -198,15 +198,30 @@ def _first_line(e: Exception) -> str:
     return type(e).__name__ + (f": {lines[0]}" if lines else "")
 
 
-def run_case(case: Case, device, repeats: int, torch=None, rng=None, peers=()) -> dict:
+def _codegen_run(case: Case, arrays, device, first) -> tuple:
+    """(run or None, max relative difference from ours or None, error or None): the linalg
+    form's phase 2 of the case (IREE's own code generation; docs/kernel-design.md#forms), run
+    once and compared with the tuned kernels' outputs `first`."""
+    try:
+        with A.scoped_form("linalg"):
+            run, _, outs = _phase2(case, arrays, device)
+        run()
+    except Exception as e:  # noqa: BLE001 - e.g. lavapipe's loop budget: the column says why
+        return None, None, _first_line(e)
+    return run, _max_rel_diff(first, [o.numpy() for o in outs], case.layout), None
+
+
+def run_case(case: Case, device, repeats: int, torch=None, rng=None, peers=(), codegen=False) -> dict:
     """Times one case beside PyTorch eager (`torch`, the module, when given) and the other
-    `peers` (bench_peers.PEERS); returns (a row of the results table, our outputs).  Every
-    peer's numbers are compared with ours before timing; one that differs by more than
-    PEER_DIFF_WARN is timed but never the fastest peer; one that fails on the case (its own
-    error) is left out of it, with the error in the row."""
+    `peers` (bench_peers.PEERS), and with `codegen` beside the linalg form of our kernel (IREE's
+    own code generation: what the tuned forms gain); returns (a row of the results table, our
+    outputs).  Every peer's numbers are compared with ours before timing; one that differs by
+    more than PEER_DIFF_WARN is timed but never the fastest peer; one that fails on the case
+    (its own error) is left out of it, with the error in the row."""
     rng = rng or np.random.default_rng(0)
     arrays = _inputs(case, rng)
-    run, ws, outs = _phase2(case, arrays, device)
+    with A.scoped_form("tuned"):
+        run, ws, outs = _phase2(case, arrays, device)
     run()
     first = [o.numpy() for o in outs]
     run()
@@ -230,6 +245,11 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None, peers=()) -
                 fns[peer] = fn
         except Exception as e:  # noqa: BLE001 - a peer's own failure (an inductor bug) leaves it out
             peer_errors[peer] = _first_line(e)
+    codegen_diff = codegen_error = None
+    if codegen:
+        run_linalg, codegen_diff, codegen_error = _codegen_run(case, arrays, device, first)
+        if run_linalg is not None:
+            fns["codegen"] = run_linalg
     spreads.clear()
     t = alternating_medians(fns, repeats)
     noisy = {k: v for k, v in spreads.items() if v > BUSY_SPREAD}
@@ -241,6 +261,10 @@ def run_case(case: Case, device, repeats: int, torch=None, rng=None, peers=()) -
     if torch is not None:
         row.update(torch_ms=1e3 * t["torch"], ratio_phase2=t["torch"] / t["phase2"], ratio_e2e=t["torch"] / t["e2e"],
                    torch_device="cuda" if on_cuda else "cpu", torch_max_rel_diff=peer_diff)
+    if codegen:
+        row.update(codegen_ms=1e3 * t["codegen"] if "codegen" in t else None, codegen_max_rel_diff=codegen_diff,
+                   codegen_error=codegen_error,
+                   ratio_codegen=t["codegen"] / t["phase2"] if "codegen" in t else None)
     for peer in peers:
         row[f"{peer}_ms"] = 1e3 * t[peer] if peer in t else None
         row[f"{peer}_max_rel_diff"] = peer_diffs.get(peer)
@@ -330,10 +354,11 @@ def transfer_rates(device: str, repeats: int = 10, torch=None) -> dict:
 
 
 def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10, json_path=None,
-              compile=True, out=print, peers=False) -> dict:
+              compile=True, out=print, peers=False, codegen=False) -> dict:
     """Runs the suite and prints the table; returns all results (also written to `json_path`).
     `peers`: also torch.compile and JAX where installed (bench_peers), with the ratio to the
-    fastest peer that computes our numbers."""
+    fastest peer that computes our numbers; `codegen`: also the linalg form of each case (IREE's
+    own code generation), with the tuned kernels' gain over it ("x cg": its time / ours)."""
     try:
         import torch
         torch.set_num_threads(threads)
@@ -354,10 +379,11 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
     hdr = (f"{'case':40s} {'phase2 ms':>9s} {'e2e ms':>8s} {'torch ms':>9s} {'x p2':>6s} {'x e2e':>6s} "
            f"{'GB/s':>6s} {'%copy':>6s} {'ws B':>9s} {'ws/in':>6s}")
     hdr += "".join(f" {p + ' ms':>16s}" for p in peer_names) + (f" {'fastest':>13s} {'x best':>6s}" if peers else "")
+    hdr += f" {'codegen ms':>10s} {'x cg':>6s}" if codegen else ""
     out(hdr)
     nan = float("nan")
     for case in cases:
-        row, _ = run_case(case, dev, repeats, torch, peers=peer_names)
+        row, _ = run_case(case, dev, repeats, torch, peers=peer_names, codegen=codegen)
         row["share_of_copy"] = row["gbps"] / bw
         rows.append(row)
         line = (f"{case.name:40s} {row['phase2_ms']:9.2f} {row['e2e_ms']:8.2f} {row.get('torch_ms', nan):9.2f} "
@@ -368,7 +394,15 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
                         for p in peer_names)
         if peers:
             line += f" {row.get('fastest_peer', '-'):>13s} {row.get('ratio_fastest_e2e', nan):6.2f}"
+        if codegen:
+            line += (f" {row['codegen_ms']:10.2f} {row['ratio_codegen']:6.2f}" if row["codegen_ms"] is not None
+                     else f" {'n/a':>10s} {'':>6s}")
         out(line)
+        if codegen and row["codegen_error"]:
+            out(f"  note: the linalg form does not run this case: {row['codegen_error']}")
+        elif codegen and (row["codegen_max_rel_diff"] or 0.0) > PEER_DIFF_WARN:
+            out(f"  warning: the linalg form's result differs from ours by {row['codegen_max_rel_diff']:.1e} of "
+                "its largest value")
         for who, key in [("PyTorch", "torch_max_rel_diff")] + [(p, p + "_max_rel_diff") for p in peer_names]:
             if (row.get(key) or 0.0) > PEER_DIFF_WARN:
                 out(f"  warning: {who}'s result differs from ours by {row[key]:.1e} of its largest value: "
@@ -384,6 +418,13 @@ def run_bench(quick=False, threads=2, device="local-task", ops=None, repeats=10,
         result["geomean_ratio_phase2"] = math.exp(np.mean([math.log(r["ratio_phase2"]) for r in rows]))
         out(f"geometric mean speed-up vs PyTorch: end to end {result['geomean_ratio_e2e']:.2f}x, "
             f"phase 2 {result['geomean_ratio_phase2']:.2f}x")
+    if codegen:
+        gains = [r["ratio_codegen"] for r in rows if r.get("ratio_codegen")]
+        if gains:
+            result["geomean_ratio_codegen"] = math.exp(np.mean(np.log(gains)))
+            out(f"the tuned kernels against IREE's own code generation (the linalg forms), phase 2: "
+                f"{min(gains):.2f}x to {max(gains):.2f}x, geometric mean {result['geomean_ratio_codegen']:.2f}x "
+                f"over {len(gains)} case(s)")
     for peer in peer_names:
         ratios = [r[peer + "_ms"] / r["e2e_ms"] for r in rows
                   if r[peer + "_ms"] is not None and r[peer + "_max_rel_diff"] <= PEER_DIFF_WARN]
