@@ -306,6 +306,23 @@ def _kib(store_manifest: dict, ids) -> str:
     return f"{sum(sizes) / 1024:.0f} KiB (smallest {min(sizes) / 1024:.0f} KiB, largest {max(sizes) / 1024:.0f} KiB)"
 
 
+_LIST_TARGETS = ["llvm-cpu", "vulkan-spirv", "cuda"]
+
+
+def _built_for(target: str, args) -> bool:
+    """Whether a store `list` reports holds a module of the target `target` (its default arch)."""
+    import json
+    for d, _ in _list_stores(args):
+        try:
+            with open(os.path.join(d, "manifest.json")) as f:
+                entries = json.load(f).get("artifacts", {})
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(entries, dict) and any(isinstance(e, dict) and e.get("target") == target for e in entries.values()):
+            return True
+    return False
+
+
 def _cmd_list(args) -> int:
     from .compiler.build import ArtifactStore
     from .compiler.targets import TARGETS
@@ -313,7 +330,8 @@ def _cmd_list(args) -> int:
     if args.target_cpu == "help":
         return _print_cpus()
     specs = _specs(args.op, args.dtype, args.kernel, args.form)
-    names = args.target or [n for n in TARGETS if TARGETS[n].tuned]
+    # default: the CPU, Vulkan and CUDA, and any other target a store holds modules of
+    names = args.target or _LIST_TARGETS + [n for n in TARGETS if n not in _LIST_TARGETS and _built_for(n, args)]
     if not args.target and args.gpu_arch:  # one GPU's arch (sm_86, ampere): the GPU targets that know it
         from .compiler.targets import arch_problem, get_target
 

@@ -171,3 +171,31 @@ def test_lavapipe_refuses_a_serial_scatter_past_its_loop_budget():
                                                        0, 0, False, [True, True])
         np.testing.assert_allclose(dx, want[0].numpy(), rtol=1e-5, atol=1e-4)
         np.testing.assert_allclose(dg, want[1].numpy(), rtol=1e-5, atol=1e-3)
+
+
+def test_torch_layer_follows_the_form_in_effect(monkeypatch):
+    """The torch layer's repeated-call plans are kept per form: switching ACLNN_IREE_FORM in
+    a process switches the kernels of later calls; both compute PyTorch's gradients."""
+    import torch.nn.functional as F
+    import aclnn_iree.torch as AT
+    from aclnn_iree.runtime import kernels
+    from conftest import no_loaded_modules
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 6, 7, generator=g, requires_grad=True)
+    grid = (torch.rand(2, 4, 5, 2, generator=g) * 2.2 - 1.1).requires_grad_()
+
+    def step(fn):
+        x.grad = grid.grad = None
+        y = fn.interpolate(x, size=(9, 5), mode="bilinear", align_corners=False)
+        fn.grid_sample(y, grid, mode="bicubic", padding_mode="reflection", align_corners=True).square().sum().backward()
+        return [t.detach().clone() for t in (x.grad, grid.grad)]
+    want = step(F)
+    no_loaded_modules(monkeypatch)  # the modules each step loads, from none (plans made anew)
+    for form in ("tuned", "linalg"):
+        monkeypatch.setenv(A.FORM_ENV, form)
+        before = set(kernels._modules)
+        got = step(AT)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        new = {spec for (_, spec) in set(kernels._modules) - before}
+        assert new and {spec.form for spec in new} == {form}, new

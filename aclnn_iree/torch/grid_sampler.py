@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..core import aclnn as A
 from ..core import api
 from ..core.tensors import no_storage
 from ..ops.grid_sampler import INTERPOLATION_NAMES, OPERATOR, PADDING_NAMES
@@ -36,7 +37,7 @@ def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, pa
     mode, padding, align_corners = int(interpolation_mode), int(padding_mode), bool(align_corners)
     mask = (bool(output_mask[0]), bool(output_mask[1]))
     key = (OPERATOR.name, name, go.shape, x.shape, g.shape, go.dtype, x.dtype, g.dtype, mode, padding, align_corners, mask,
-           api.current_determinism())
+           api.current_determinism(), A.current_form())
     # empty_like of the contiguous x and g (contiguous too): a third of torch.empty's host
     # time with shape, dtype and device spelled out
     outs = [torch.empty_like(x) if mask[0] else None, torch.empty_like(g) if mask[1] else None]
@@ -59,7 +60,7 @@ def grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, al
     Plan (_bridge).  Raises AclnnError."""
     x, g = input.contiguous(), grid.contiguous()
     mode, padding, align_corners = int(interpolation_mode), int(padding_mode), bool(align_corners)
-    key = (FORWARD.name, name, x.shape, g.shape, x.dtype, g.dtype, mode, padding, align_corners)
+    key = (FORWARD.name, name, x.shape, g.shape, x.dtype, g.dtype, mode, padding, align_corners, A.current_form())
     plan = B.plan(key)
     if plan is not None:
         out = torch.empty((x.shape[0], x.shape[1], g.shape[1], g.shape[2]), dtype=x.dtype)

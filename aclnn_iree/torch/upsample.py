@@ -13,6 +13,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from ..core import aclnn as A
 from ..core import api
 from ..ops.upsample import OPERATOR, call_kind
 from ..ops.upsample_forward import OPERATOR as FORWARD
@@ -36,7 +37,8 @@ def upsample_backward(name, grad_output, output_size, input_size, align_corners,
     N, C, H, W = (int(v) for v in input_size)
     osz = (int(output_size[0]), int(output_size[1])) if len(output_size) == 2 else tuple(map(int, output_size))
     align_corners = bool(align_corners)
-    key = (OPERATOR.name, name, go.shape, go.dtype, nhwc, osz, (N, C, H, W), align_corners, scales_h, scales_w)
+    key = (OPERATOR.name, name, go.shape, go.dtype, nhwc, osz, (N, C, H, W), align_corners, scales_h, scales_w,
+           A.current_form())
     out = torch.empty((N, C, H, W), dtype=go.dtype, device=go.device, memory_format=fmt)
     plan = B.plan(key)
     if plan is not None and (plan((go.permute(0, 2, 3, 1),), (out.permute(0, 2, 3, 1),)) if nhwc
@@ -66,7 +68,7 @@ def upsample_forward(name, input, output_size, align_corners, scales_h, scales_w
     x = input.contiguous(memory_format=fmt)
     osz = tuple(int(v) for v in output_size)
     align_corners = bool(align_corners)
-    key = (FORWARD.name, name, x.shape, x.dtype, nhwc, osz, align_corners, scales_h, scales_w)
+    key = (FORWARD.name, name, x.shape, x.dtype, nhwc, osz, align_corners, scales_h, scales_w, A.current_form())
     plan = B.plan(key)
     if plan is not None:
         out = torch.empty((x.shape[0], x.shape[1], *osz), dtype=x.dtype, memory_format=fmt)
