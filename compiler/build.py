@@ -336,7 +336,7 @@ class ArtifactStore:
         remove_stale_temporaries(os.path.dirname(p["vmfb"]))
         atomic_write(p["mlir"], source.encode())
         t0 = time.perf_counter()
-        vmfb, cmd, cwd = compile_file(p["mlir"], target.flags)
+        vmfb, cmd, cwd = compile_file(p["mlir"], spec.compile_flags(target))
         compile_seconds = time.perf_counter() - t0
         atomic_write(p["cmd"], (f"cd {shlex.quote(cwd)} && {shlex.join(cmd)} > "
                                  f"{shlex.quote(os.path.basename(p['vmfb']))}\n").encode())
@@ -359,7 +359,7 @@ class ArtifactStore:
             "target": target.name,
             "target_arch": target.arch,
             "driver": target.driver,
-            "flags": list(target.flags),
+            "flags": list(spec.compile_flags(target)),
             "command": cmd,
             "command_cwd": cwd,
             "compiler_version": compiler_version(),

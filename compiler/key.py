@@ -79,7 +79,7 @@ def artifact_key(spec, target, source: str | None = None, compiler: str | None =
         source = render(spec, target)
     fields = {
         "source_sha256": sha256_hex(source.encode()),
-        "flags": list(target.flags),
+        "flags": list(spec.compile_flags(target)),
         "compiler": compiler or compiler_version(),
     }
     if target.name == "llvm-cpu" and target.arch == "host":

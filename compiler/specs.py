@@ -32,6 +32,12 @@ LAYOUTS = ("NCHW", "NHWC")
 FORMS = ("tuned", "linalg")
 # Suffixes of the functions only the tuned forms export (other passes to the same result).
 _TUNED_PASSES = ("_points", "_same_size", "_deterministic")
+# The linalg forms' extra iree-compile flags.  Buffers are 16-byte aligned (host arrays are
+# imported without a copy: aclnn_iree.core.tensors HOST_ALIGNMENT): the dispatches IREE
+# generates must assume no more, or its CPU code loads them with aligned vector loads (a
+# segfault, seen in the f16 forms: IREE assumes 64 by default).  The tuned forms declare
+# alignment(16) in their own dispatches.
+_LINALG_FLAGS = ("--iree-stream-resource-min-offset-alignment=16",)
 # Planes of dx one grid-sampler workgroup owns: each output point's coordinates are
 # computed once for this many channels.
 GRID_DX_CHANNEL_BLOCK = 8
@@ -168,6 +174,11 @@ class KernelSpec:
         """The root template of the module in its family's folder (named after the operator):
         `<op>/module.mlir.j2` (tuned) or `<op>/linalg.mlir.j2`."""
         return f"{self.op}/{'linalg' if self.linalg else 'module'}.mlir.j2"
+
+    def compile_flags(self, target) -> tuple:
+        """iree-compile's flags for this specialisation's module for `target`: the target's,
+        and the linalg form's own (_LINALG_FLAGS)."""
+        return tuple(target.flags) + (_LINALG_FLAGS if self.linalg else ())
 
     def for_target(self, target):
         """This specialisation as `target` builds and runs it: in its linalg form where the
@@ -415,6 +426,10 @@ class GridSampler2dSpec(GridSamplerSpec):
 
     op = "grid_sampler_2d"
     forms = FORMS
+
+    def serial_iterations(self, function: str, shapes) -> int:
+        """Nothing runs serially: the forward's forms are gathers."""
+        return 0
 
     def function_name(self) -> str:
         return self.kernel_name

@@ -11,11 +11,7 @@ __all__ = ["Target", "TARGETS", "target_for_driver", "get_target", "build_args",
            "cpu_gathers", "CUDA_ARCHS", "llvm_cpu_names", "arch_problem"]
 
 # f64 kernels must stay f64: IREE demotes f64 to f32 by default (docs/iree-notes.md#float64-demotion).
-# Buffers are 16-byte aligned (host arrays are imported without a copy, aclnn_iree.core.tensors
-# HOST_ALIGNMENT): the dispatches IREE generates (the linalg forms', fills) must assume no
-# more, or its CPU code may load a misaligned address with an aligned vector load (a segfault;
-# IREE assumes 64 by default).  The hand forms declare alignment(16) themselves.
-_COMMON = ("--iree-input-demote-f64-to-f32=false", "--iree-stream-resource-min-offset-alignment=16")
+_COMMON = ("--iree-input-demote-f64-to-f32=false",)
 
 # Features that gave right answers for f32/f16/bf16/f64 on Mesa's lavapipe
 # (docs/iree-notes.md#vulkan-and-lavapipe).
