@@ -653,12 +653,12 @@ def _executor(op: str, device, binding, inputs, outputs) -> aclOpExecutor:
         raise AclnnError(E.ACLNN_ERR_INNER_FIND_KERNEL_ERROR, f"{e}; ask for the tuned form") from None
     binding = dataclasses.replace(binding, spec=spec, function=function)
     budget = device.loop_budget
-    if budget is not None and spec.serial_iterations(function, [t.shape for t in binding.tensors]) > budget:
+    serial = spec.serial_iterations(function, [t.shape for t in binding.tensors]) if budget is not None else 0
+    if budget is not None and serial > budget:
         raise AclnnError(E.ACLNN_ERR_INNER_TILING_ERROR,
                          f"{function} runs its work serially in one invocation, and {device.name}'s driver (Mesa's "
-                         f"lavapipe) stops an invocation after 65535 loop iterations: this call needs about "
-                         f"{spec.serial_iterations(function, [t.shape for t in binding.tensors])}; use the tuned form "
-                         f"or a smaller call")
+                         f"lavapipe) stops an invocation after 65535 loop iterations: this call needs about {serial}; "
+                         f"use the tuned form or a smaller call")
     kernel = _load_kernel(device, binding.spec, binding.function)
     ws = _workspace_size(kernel, [t.view for t in binding.tensors])
     return aclOpExecutor(op, device, kernel, binding.tensors, ws, inputs=inputs, outputs=outputs)
@@ -695,7 +695,9 @@ class aclrtContext:
         self.destroyed = False
 
     def __repr__(self):
-        return f"aclrtContext(deterministic={self.options[ACL_OPT_DETERMINISTIC]}, form={current_form(self)!r})"
+        form = self.options[ACLNN_IREE_OPT_FORM]
+        return (f"aclrtContext(deterministic={self.options[ACL_OPT_DETERMINISTIC]}, "
+                f"form={KERNEL_FORMS[form] if form is not None else 'from ' + FORM_ENV})")
 
 
 _default_context = aclrtContext()
