@@ -646,7 +646,7 @@ def _executor(op: str, device, binding, inputs, outputs) -> aclOpExecutor:
     if binding.spec.dtype not in target.dtypes:
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"dtype {binding.spec.dtype} is not supported on {device.name} "
                                                      f"(the {target.name} target computes {', '.join(target.dtypes)})")
-    form = _form(device)
+    form = _form(target)
     try:
         spec, function = binding.spec.in_form(form, binding.function)
     except ValueError as e:  # a form the operator does not have (yet)
@@ -710,21 +710,27 @@ def current_context() -> aclrtContext:
 
 
 @contextlib.contextmanager
-def scoped_determinism(deterministic):
-    """Within the block, the calling thread's phase-1 calls see ACL_OPT_DETERMINISTIC =
-    `deterministic` (None: leave the current context as it is).  For the Pythonic layer."""
-    if deterministic is None:
+def _scoped_option(opt, value):
+    """Within the block, the calling thread's current context is a copy of it with option
+    `opt` = `value` (None: the context as it is)."""
+    if value is None:
         yield
         return
     ctx = aclrtContext()
     ctx.options.update(current_context().options)
-    ctx.options[ACL_OPT_DETERMINISTIC] = int(bool(deterministic))
+    ctx.options[opt] = value
     prev = getattr(_ctx_tls, "context", None)
     _ctx_tls.context = ctx
     try:
         yield
     finally:
         _ctx_tls.context = prev
+
+
+def scoped_determinism(deterministic):
+    """Within the block, the calling thread's phase-1 calls see ACL_OPT_DETERMINISTIC =
+    `deterministic` (None: leave the current context as it is).  For the Pythonic layer."""
+    return _scoped_option(ACL_OPT_DETERMINISTIC, None if deterministic is None else int(bool(deterministic)))
 
 
 def current_form(context=None) -> str:
@@ -741,29 +747,17 @@ def current_form(context=None) -> str:
                                                  f"use one of {', '.join(KERNEL_FORMS)} or unset it")
 
 
-def _form(device) -> str:
-    """The form of the kernels phase 1 loads on `device`: the linalg form where it is asked for
-    (current_form) or where the device's target has no tuned forms."""
+def _form(target) -> str:
+    """The form of the kernels phase 1 loads for `target`: the linalg form where it is asked for
+    (current_form) or where the target has no tuned forms."""
     form = current_form()
-    return form if _target(device).tuned else "linalg"
+    return form if target.tuned else "linalg"
 
 
-@contextlib.contextmanager
 def scoped_form(form):
     """Within the block, the calling thread's phase-1 calls ask for the kernel form `form`
     ("tuned", "linalg"; None: leave the current context as it is).  For the Pythonic layer."""
-    if form is None:
-        yield
-        return
-    ctx = aclrtContext()
-    ctx.options.update(current_context().options)
-    ctx.options[ACLNN_IREE_OPT_FORM] = KERNEL_FORMS.index(form)
-    prev = getattr(_ctx_tls, "context", None)
-    _ctx_tls.context = ctx
-    try:
-        yield
-    finally:
-        _ctx_tls.context = prev
+    return _scoped_option(ACLNN_IREE_OPT_FORM, None if form is None else KERNEL_FORMS.index(form))
 
 
 @_status_call(failure_extra=(None,))
