@@ -311,14 +311,13 @@ _LIST_TARGETS = ["llvm-cpu", "vulkan-spirv", "cuda"]
 
 def _built_for(target: str, args) -> bool:
     """Whether a store `list` reports holds a module of the target `target` (its default arch)."""
-    import json
+    from .compiler.build import ArtifactStore
     for d, _ in _list_stores(args):
         try:
-            with open(os.path.join(d, "manifest.json")) as f:
-                entries = json.load(f).get("artifacts", {})
-        except (OSError, ValueError, AttributeError):
+            entries = ArtifactStore(d).manifest()["artifacts"]
+        except OSError:
             continue
-        if isinstance(entries, dict) and any(isinstance(e, dict) and e.get("target") == target for e in entries.values()):
+        if any(isinstance(e, dict) and e.get("target") == target for e in entries.values()):
             return True
     return False
 
