@@ -425,7 +425,6 @@ class GridSampler2dSpec(GridSamplerSpec):
     template parameters (the coordinate macros are shared)."""
 
     op = "grid_sampler_2d"
-    forms = FORMS
 
     def serial_iterations(self, function: str, shapes) -> int:
         """Nothing runs serially: the forward's forms are gathers."""
