@@ -458,25 +458,38 @@ class GridSampler2dSpec(GridSamplerSpec):
 @dataclasses.dataclass(frozen=True)
 class UpsampleBilinear2dSpec(UpsampleSpec):
     """One specialisation of upsample_bilinear2d (the forward, aclnnUpsampleBilinear2d): the
-    module exports one function, `<kernel>` (input, scales -> output)."""
+    module exports `<kernel>` (input, scales -> output) and, where CPU modules of the tuned
+    form, `<kernel>_same_size` (see function_name)."""
 
     op = "upsample_bilinear2d"
 
-    def function_name(self) -> str:
-        return self.kernel_name
+    def function_name(self, same_size: bool = False, target=None) -> str:
+        """The exported function for a call: on CPUs (`target` None or not a GPU)
+        `<kernel>_same_size` where neither axis is resized (`same_size`: H == H_out and
+        W == W_out, where PyTorch samples each element itself with weights 1 and 0: one
+        elementwise pass, the same bits), else the resampling pass.  GPUs run the one pass
+        (an invocation per element either way)."""
+        gpu = target is not None and target.is_gpu
+        return self.kernel_name + ("_same_size" if same_size and not self.linalg and not gpu else "")
 
     def function_names(self, target=None) -> tuple:
-        return (self.kernel_name,)
+        if self.linalg or (target is not None and target.is_gpu):
+            return (self.kernel_name,)
+        return (self.kernel_name, self.kernel_name + "_same_size")
 
     def calls(self, target=None) -> dict:
-        """The manifest's "calls" record (see GridSamplerSpec.calls): one function;
+        """The manifest's "calls" record (see GridSamplerSpec.calls): function_name's choice;
         aclnn_iree.ops.upsample_forward.bind calls nothing for an empty output."""
         dt = self.dtype
         args = [_tensor_arg("self", self._layout_shape("H", "W"), dt), self._scales_arg(),
                 _tensor_arg("out", self._layout_shape("H_out", "W_out"), dt, output=0)]
         rules = [{"when": {"any_zero": ["N", "C"]}, "function": None, "zero_fill": []},
-                 {"when": {}, "function": self.function_name()}]
-        return _calls(self._layout_dims("self", "out"), rules, {self.function_name(): args})
+                 {"when": {"equal": [["H", "H_out"], ["W", "W_out"]]},
+                  "function": self.function_name(same_size=True, target=target)},
+                 {"when": {}, "function": self.function_name(target=target)}]
+        if len(self.function_names(target)) == 1:
+            del rules[1]
+        return _calls(self._layout_dims("self", "out"), rules, {r["function"]: args for r in rules[1:]})
 
 
 Spec = Union[GridSamplerSpec, UpsampleSpec, GridSampler2dSpec, UpsampleBilinear2dSpec]

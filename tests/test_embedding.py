@@ -352,7 +352,7 @@ def test_doc_grid_sampler_forward(tmp_path, shared_store, C):
     np.testing.assert_allclose(got["output.npy"], want, **_tol(np.float32, want))
 
 
-UPF_CASES = [(C, sizes) for C in (3, 12) for sizes in ((5, 7, 12, 16), (12, 16, 5, 7))]
+UPF_CASES = [(C, sizes) for C in (3, 12) for sizes in ((5, 7, 12, 16), (12, 16, 5, 7), (5, 7, 5, 7))]
 
 
 @pytest.mark.parametrize("C,sizes", UPF_CASES, ids=[f"C{c}-{s[0]}x{s[1]}to{s[2]}x{s[3]}" for c, s in UPF_CASES])
@@ -365,7 +365,7 @@ def test_doc_upsample_forward(tmp_path, shared_store, C, sizes):
     arrays = {"input.npy": x, "scales.npy": _scales(((H, Ho), (W, Wo))),
               "output0.npy": np.full((N, C, Ho, Wo), 7, np.float32)}
     function, got = _doc_case(shared_store, tmp_path, spec, arrays, {"self": x.shape, "out": (N, C, Ho, Wo)})
-    assert function == spec.function_name()
+    assert function == spec.function_name(same_size=(H, W) == (Ho, Wo))
     want = torch.ops.aten.upsample_bilinear2d(torch.from_numpy(x), [Ho, Wo], False, None, None).numpy()
     assert got["output.npy"].shape == want.shape
     np.testing.assert_allclose(got["output.npy"], want, **_tol(np.float32, want))
@@ -493,7 +493,7 @@ def test_calls_rules_are_the_runtimes_choice(target_name):
             _check_binding(b, bcalls, choose(bcalls, {k: v.shape for k, v in t.items()}),
                            {id(v): k for k, v in t.items()})
             t = dict(self=_shim(shape(N, C, H, W), device), out=_shim(shape(N, C, Ho, Wo), device))
-            b = upf.bind(t["self"], False, t["out"], layout, (1.0, 1.0))
+            b = upf.bind(t["self"], False, t["out"], layout, (1.0, 1.0), target)
             _check_binding(b, fcalls, choose(fcalls, {k: v.shape for k, v in t.items()}),
                            {id(v): k for k, v in t.items()})
 

@@ -951,8 +951,8 @@ def aclnnUpsampleBilinear2dGetWorkspaceSize(self, outputSize, alignCorners, scal
     layout, scales = upsample_forward.check(self, outputSize, alignCorners, scalesH, scalesW, out)
     dev = self.device
     _check_usable(dev)
-    return _executor(upsample_forward.ACLNN_NAME, dev, upsample_forward.bind(self, alignCorners, out, layout, scales),
-                     (self,), (out,))
+    binding = upsample_forward.bind(self, alignCorners, out, layout, scales, _target(dev))
+    return _executor(upsample_forward.ACLNN_NAME, dev, binding, (self,), (out,))
 
 
 @_status_call()

@@ -576,7 +576,8 @@ def upsample_bilinear2d(input, output_size, align_corners=False, scales_h=None, 
         out_shape = (N, *osz, C) if memory_format == "NHWC" else (N, C, *osz)
     else:  # phase 1 says what is wrong
         out_shape = (0, 0, 0, 0)
-    stream = thread_stream(upsample_forward.OPERATOR.call_device(device, x.size + math.prod(out_shape)))
+    stream = thread_stream(upsample_forward.OPERATOR.call_device(device, x.size + math.prod(out_shape),
+                                                                 upsample.call_kind(x.shape, out_shape)))
     dev = stream.device
     storages = [_host_storage(dev, "input", x, memory_format),
                 _output_storage(dev, "output", out_shape, x.dtype, memory_format)]

@@ -135,8 +135,9 @@ def scales_tensor(device, scales: tuple, dtype):
 
 
 def call_kind(grad_output_shape, grad_input_shape) -> str:
-    """The kind of a call, for Operator.call_device: "same_size" where grad_output and
-    grad_input have one shape (both axes keep their size: the backward is a copy), else ""."""
+    """The kind of a call, for Operator.call_device: "same_size" where the two tensors (the
+    backward's grad_output and grad_input, the forward's input and output) have one shape
+    (both axes keep their size: an elementwise pass), else ""."""
     return "same_size" if tuple(grad_output_shape) == tuple(grad_input_shape) else ""
 
 

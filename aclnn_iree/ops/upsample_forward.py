@@ -15,7 +15,7 @@ from ..core.tensors import aclIntArray
 from ..core.validation import (bool_attr, dtype_name, fail, no_alias, rank, same_device, same_dtype, supported_dtype,
                                tensor_arg)
 from . import Binding, Operator, reference
-from .upsample import checked_scales, op_math, scales_tensor
+from .upsample import call_kind, checked_scales, op_math, scales_tensor
 
 __all__ = ["ACLNN_NAME", "check", "bind", "OPERATOR"]
 
@@ -62,18 +62,22 @@ def check(self, outputSize, alignCorners, scalesH, scalesW, out) -> tuple:
                                                         op_math(self.dtype))
 
 
-def bind(self, alignCorners, out, layout: str, scales) -> Binding:
-    """The call for checked arguments (check() gives `layout` and `scales`): the function takes
-    self, the scales as a device tensor in the op-math type, then out."""
+def bind(self, alignCorners, out, layout: str, scales, target=None) -> Binding:
+    """The call for checked arguments (check() gives `layout` and `scales`) on `target`
+    (compiler.targets.Target; None: a CPU's): the function takes self, the scales as a device
+    tensor in the op-math type, then out; a same-size call on a CPU takes the elementwise
+    pass (UpsampleBilinear2dSpec.function_name)."""
     if out.size == 0:  # N or C is 0: nothing to compute
         return Binding()
     spec = UpsampleBilinear2dSpec(bool(alignCorners), dtype_name(self.dtype), layout)
     scales = scales_tensor(self.device, tuple(scales), op_math(self.dtype))
-    return Binding(spec, spec.function_name(), (self, scales, out))
+    return Binding(spec, spec.function_name(same_size=self.shape == out.shape, target=target), (self, scales, out))
 
 
 # inline_work (input plus output elements): measured through the Pythonic call, x2, 2 threads,
 # local-sync vs local-task: 2x16x64^2 (6.6e5) 323 vs 337 us, 2x30x31x46 (4.3e5) 391 vs 326 us:
-# the crossover lies near the backward's, 2.6e5, which is kept.
-OPERATOR = Operator(ACLNN_NAME, UpsampleBilinear2dSpec, check, bind, reference.upsample_bilinear2d, {"": 262144},
+# the crossover lies near the backward's, 2.6e5, which is kept.  A same-size call (call_kind)
+# is the backward's elementwise pass, with its threshold.
+OPERATOR = Operator(ACLNN_NAME, UpsampleBilinear2dSpec, check, bind, reference.upsample_bilinear2d,
+                    {"": 262144, "same_size": 1 << 22},
                     torch="aclnn_iree.torch.upsample", bench="aclnn_iree.tools.bench_upsample_forward")

@@ -77,7 +77,7 @@ def upsample_forward(name, input, output_size, align_corners, scales_h, scales_w
     valid = x.dim() == 4 and len(osz) == 2 and min(osz) >= 0
     shape = (x.shape[0], x.shape[1], *osz) if valid else (0, 0, 0, 0)  # an invalid call: phase 1 says why
     out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
-    run = B.Launch(FORWARD.call_device(name, x.numel() + out.numel()), (x,))
+    run = B.Launch(FORWARD.call_device(name, x.numel() + out.numel(), call_kind(x.shape, out.shape)), (x,))
     if nhwc:  # the kernels take NHWC as (N, H, W, C) arrays, C fastest
         storages = [run.storage(x.permute(0, 2, 3, 1), "NHWC"), run.storage(out.permute(0, 2, 3, 1), "NHWC", True)]
     else:

@@ -150,6 +150,47 @@ def test_special_values(device, kind, dtype, layout):
                 check_reference(y, x, osz, ac, None, None, np.dtype(dtype), what)
 
 
+# Both axes keeping their size: PyTorch samples each element itself with weights 1 and 0, so
+# the output is x * 1 + x * 0, x where finite (signed zeros too) and NaN for inf and NaN.  The
+# tuned CPU modules run the elementwise pass (`<kernel>_same_size`: chunks of
+# UPSAMPLE_SAME_CHUNK elements over the workgroups, 16 lanes with a masked tail), GPUs and the
+# linalg forms the resampling pass.  Shapes of one element, of a partial vector, of several
+# chunks with a tail, of a plane wider than a chunk.
+SAME_SHAPES = [(1, 1, 1, 1), (2, 3, 5, 6), (3, 17, 33, 29), (1, 2, 1, 9000), (2, 5, 181, 97)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_same_size(device, dtype, layout):
+    """Every dtype bitwise PyTorch's (its float32 or float64 op math on the values, whose
+    result each half type holds exactly), given scales or not, with infinities, NaN and
+    signed zeros placed at random; phase 1 picks the elementwise pass where there is one."""
+    if torch is None:
+        pytest.skip("needs PyTorch")
+    from aclnn_iree.core import aclnn as A
+    rng = np.random.default_rng(17)
+    wide = F64 if dtype == F64 else F32
+    for shape in SAME_SHAPES:
+        x = (rng.standard_normal(shape) * 10.0 ** rng.uniform(-4, 4, shape)).astype(dtype)
+        flat = x.reshape(-1)
+        specials = np.array([np.inf, -np.inf, np.nan, -0.0, 0.0], dtype)
+        flat[rng.integers(0, flat.size, specials.size)] = specials
+        osz = shape[2:]
+        for ac, sc in ((False, None), (True, None), (False, 1.0), (False, 1.0 + 0.5 / max(osz))):
+            what = f"{device}/{layout}/{np.dtype(dtype).name}/{shape}/ac{int(ac)}/{sc}"
+            y = run(x, osz, ac, sc, sc, layout, device)
+            e = torch_out(x.astype(wide), osz, ac, sc, sc, layout).astype(dtype)
+            same_bits(y.astype(wide), e.astype(wide), what)
+    N, C, H, W = SAME_SHAPES[2]
+    shape = (N, C, H, W) if layout == "NCHW" else (N, H, W, C)
+    t_x, t_out = (A.aclCreateTensor(np.zeros(shape, dtype), layout, device=device) for _ in range(2))
+    status, ws, ex = A.aclnnUpsampleBilinear2dGetWorkspaceSize(t_x, A.aclCreateIntArray([H, W]), False, 0.0, 0.0,
+                                                               t_out)
+    assert status == 0 and ws == 0, A.aclGetRecentErrMsg()
+    tuned_cpu = A.current_form() == "tuned" and not is_gpu(device)
+    assert ex.kernel.name.endswith("_same_size") == tuned_cpu, ex.kernel.name
+
+
 @pytest.mark.parametrize("C", (4, 7, 8, 9, 13, 24, 29, 33))
 def test_channels_last_tail(C):
     """PyTorch's channels-last kernel blends its vector channels and its last C mod (32 bytes /
