@@ -254,9 +254,14 @@ def target_for_driver(driver: str) -> Target:
     return target
 
 
-def build_args(target: Target) -> str:
-    """The `aclnn-iree build` arguments that build modules for `target`."""
+def build_args(target: Target, forms=("tuned",)) -> str:
+    """The `aclnn-iree build` arguments that build modules for `target` in the kernel `forms`
+    (specs.FORMS entries; `--form` only where the build's default, the tuned form where the
+    target has one, would not build them)."""
     args = f"--target {target.name}"
     if target.arch != TARGETS[target.name].arch:
         args += f" --{'target-cpu' if target.name == 'llvm-cpu' else 'gpu-arch'} {target.arch}"
+    forms = set(forms)
+    if target.tuned and "linalg" in forms:
+        args += " --form " + ("linalg" if forms == {"linalg"} else "all")
     return args

@@ -199,7 +199,7 @@ def _resolve(spec, target):
             found.append(st.paths(spec, target)["vmfb"] + f" ({problem or state})")
         raise ArtifactMissing(
             f"{why}: no valid artifact for {spec.kernel_name} ({target_folder(target)}); looked for "
-            + ", ".join(found) + f". Build it first: `aclnn-iree build {build_args(target)}`, here or on a "
+            + ", ".join(found) + f". Build it first: `aclnn-iree build {build_args(target, [spec.form])}`, here or on a "
             "machine with the compiler (then point ACLNN_IREE_ARTIFACTS at the folder).")
     data = cache.lookup(spec, target, warn=False)  # get_or_build warns of a damaged one
     if data is None:
@@ -224,7 +224,7 @@ def _compile_on_first_use(cache, spec, target) -> bytes:
         _announced.add(folder)
     _log.log(logging.WARNING if first else logging.INFO,
              "compiling %s for %s on first use: a few seconds, once (kept in %s); `aclnn-iree build %s` "
-             "compiles every kernel ahead of time", spec.kernel_name, folder, cache.root, build_args(target))
+             "compiles every kernel ahead of time", spec.kernel_name, folder, cache.root, build_args(target, [spec.form]))
     with _elapsed_bar(f"compiling {spec.kernel_name} for {folder}"):
         return cache.get_or_build(spec, target)
 
@@ -289,7 +289,8 @@ def prepare(specs, device_name: str, jobs: int | None = None, progress: bool = F
         kernels = " ".join(f"--kernel {s.kernel_name}" for s in todo) if len(todo) <= 5 else ""
         raise ArtifactMissing(f"{why}: {len(todo)} of {len(specs)} modules for {target_folder(target)} are in "
                               f"none of {', '.join(dirs)}: {names}; build them: "
-                              f"`aclnn-iree build {build_args(target)}{' ' + kernels if kernels else ''}`")
+                              f"`aclnn-iree build {build_args(target, [s.form for s in todo])}"
+                              f"{' ' + kernels if kernels else ''}`")
     if not todo:
         return BuildResult(reused=len(specs))
     result = ArtifactStore(dirs[-1]).build(todo, [target], jobs=jobs, progress=progress)

@@ -37,6 +37,10 @@ def test_the_cpu_arch_variable_picks_the_named_cpu_modules(monkeypatch):
     assert target_for_driver("vulkan") == get_target("vulkan-spirv")  # GPU targets keep their default
     assert build_args(t) == f"--target llvm-cpu --target-cpu {PORTABLE_CPU}"
     assert build_args(get_target("cuda")) == "--target cuda"
+    # a linalg kernel's hint names its form, where the build's default (tuned) would not build it
+    assert build_args(get_target("llvm-cpu"), ["linalg"]) == "--target llvm-cpu --form linalg"
+    assert build_args(get_target("llvm-cpu"), ["linalg", "tuned"]) == "--target llvm-cpu --form all"
+    assert build_args(get_target("vmvx"), ["linalg"]) == "--target vmvx"
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86-64-v3 modules need an x86-64 CPU")
