@@ -227,3 +227,43 @@ def test_dispatch_modes_see_our_ops():
     for op in ("aclnn_iree.upsample_bilinear2d", "aclnn_iree.grid_sampler_2d", "aclnn_iree.grid_sampler_2d_backward",
                "aclnn_iree.upsample_bilinear2d_backward"):
         assert op in seen, (op, seen)
+
+
+class _FlippingEnviron:
+    """os.environ's stand-in whose ACLNN_IREE_FORM reads `values` in turn (then the last one):
+    the variable changed by another thread between two reads of one call."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def get(self, name, default=None):
+        if name != "ACLNN_IREE_FORM":
+            return __import__("os").environ.get(name, default)
+        return self.values.pop(0) if len(self.values) > 1 else self.values[0]
+
+
+@pytest.mark.parametrize("call", ["interpolate", "grid_sample"])
+def test_a_call_takes_one_form_for_its_plan_and_its_kernel(general, monkeypatch, call):
+    """ACLNN_IREE_FORM changing while a call runs (another thread sets it) must not leave a plan
+    keyed by one form that launches the other form's kernel, for good: each call reads the
+    form once, and its key, its executor and its plan all take that one.  Seen: the key read
+    "linalg", phase 1 read "tuned" a moment later.  The forms differ observably in subnormals:
+    the linalg form's CPU executors flush them, the tuned kernels keep them."""
+    from aclnn_iree.core import aclnn as A
+    tiny = float(np.finfo(np.float32).smallest_normal) / 4  # a float32 subnormal
+    x = torch.full((1, 1, 4, 4), tiny)
+    grid = torch.zeros(1, 4, 4, 2)  # every point at the centre: bilinear of four subnormals
+
+    def run():
+        if call == "interpolate":
+            return AT.interpolate(x, size=(4, 4), mode="bilinear", align_corners=False)
+        return AT.grid_sample(x, grid, align_corners=False)
+    monkeypatch.setattr(A, "os", type("os", (), {"environ": _FlippingEnviron(["linalg", "tuned"])}))
+    first = run()  # the general path: the key reads "linalg", every later read "tuned"
+    monkeypatch.setattr(A, "os", type("os", (), {"environ": _FlippingEnviron(["linalg"])}))
+    again = run()  # the plan the first call left under "linalg"
+    assert general, "the first call took the general path"
+    for y in (first, again):
+        assert torch.all(y == 0), f"a call keyed by the linalg form ran the tuned kernel: {y.flatten()[:4]}"
+    monkeypatch.setattr(A, "os", type("os", (), {"environ": _FlippingEnviron(["tuned"])}))
+    assert torch.all(run() == tiny), "the tuned form keeps subnormals"

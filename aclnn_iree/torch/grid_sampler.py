@@ -36,8 +36,11 @@ def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, pa
     go, x, g = grad_output.contiguous(), input.contiguous(), grid.contiguous()
     mode, padding, align_corners = int(interpolation_mode), int(padding_mode), bool(align_corners)
     mask = (bool(output_mask[0]), bool(output_mask[1]))
+    # determinism and form read once: the key's are the ones the first call's phase 1 takes, so a
+    # plan never runs another form than its key says (ACLNN_IREE_FORM may change meanwhile)
+    deterministic, form = api.current_determinism(), A.current_form()
     key = (OPERATOR.name, name, go.shape, x.shape, g.shape, go.dtype, x.dtype, g.dtype, mode, padding, align_corners, mask,
-           api.current_determinism(), A.current_form())
+           deterministic, form)
     # empty_like of the contiguous x and g (contiguous too): a third of torch.empty's host
     # time with shape, dtype and device spelled out
     outs = [torch.empty_like(x) if mask[0] else None, torch.empty_like(g) if mask[1] else None]
@@ -50,8 +53,8 @@ def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, pa
                  else no_storage(like.shape, B.numpy_dtype(like.dtype)) for t, like in ((outs[0], x), (outs[1], g))]
     with run.recorded(OPERATOR):
         return tuple(api.run_grid_sampler(run.stream, storages, mode, padding, align_corners, list(mask),
-                                          read=B.reader(t for t in outs if t is not None),
-                                          kept=B.planner(key, run, x.dtype)))
+                                          deterministic, read=B.reader(t for t in outs if t is not None),
+                                          kept=B.planner(key, run, x.dtype), form=form))
 
 
 def grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, align_corners):
@@ -60,7 +63,8 @@ def grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, al
     Plan (_bridge).  Raises AclnnError."""
     x, g = input.contiguous(), grid.contiguous()
     mode, padding, align_corners = int(interpolation_mode), int(padding_mode), bool(align_corners)
-    key = (FORWARD.name, name, x.shape, g.shape, x.dtype, g.dtype, mode, padding, align_corners, A.current_form())
+    form = A.current_form()  # once: the key's is the one phase 1 takes (grid_sampler_backward)
+    key = (FORWARD.name, name, x.shape, g.shape, x.dtype, g.dtype, mode, padding, align_corners, form)
     plan = B.plan(key)
     if plan is not None:
         out = torch.empty((x.shape[0], x.shape[1], g.shape[1], g.shape[2]), dtype=x.dtype)
@@ -72,7 +76,7 @@ def grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, al
     storages = [run.storage(x), run.storage(g), run.storage(out, output=True)]
     with run.recorded(FORWARD):
         api.run_grid_sampler_forward(run.stream, storages, mode, padding, align_corners, read=B.reader([out]),
-                                     kept=B.planner(key, run, x.dtype))
+                                     kept=B.planner(key, run, x.dtype), form=form)
     return out
 
 

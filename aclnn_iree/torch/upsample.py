@@ -37,8 +37,8 @@ def upsample_backward(name, grad_output, output_size, input_size, align_corners,
     N, C, H, W = (int(v) for v in input_size)
     osz = (int(output_size[0]), int(output_size[1])) if len(output_size) == 2 else tuple(map(int, output_size))
     align_corners = bool(align_corners)
-    key = (OPERATOR.name, name, go.shape, go.dtype, nhwc, osz, (N, C, H, W), align_corners, scales_h, scales_w,
-           A.current_form())
+    form = A.current_form()  # once: the key's is the one phase 1 takes (grid_sampler.grid_sampler_backward)
+    key = (OPERATOR.name, name, go.shape, go.dtype, nhwc, osz, (N, C, H, W), align_corners, scales_h, scales_w, form)
     out = torch.empty((N, C, H, W), dtype=go.dtype, device=go.device, memory_format=fmt)
     plan = B.plan(key)
     if plan is not None and (plan((go.permute(0, 2, 3, 1),), (out.permute(0, 2, 3, 1),)) if nhwc
@@ -54,7 +54,8 @@ def upsample_backward(name, grad_output, output_size, input_size, align_corners,
     # layout: NHWC goes into the channels_last tensor through its (N, H, W, C) view.
     with run.recorded(OPERATOR):
         api.run_upsample(run.stream, storages, list(osz), isz, align_corners, scales_h, scales_w,
-                         read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]), kept=B.planner(key, run, go.dtype))
+                         read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]), kept=B.planner(key, run, go.dtype),
+                         form=form)
     return out
 
 
@@ -68,7 +69,8 @@ def upsample_forward(name, input, output_size, align_corners, scales_h, scales_w
     x = input.contiguous(memory_format=fmt)
     osz = tuple(int(v) for v in output_size)
     align_corners = bool(align_corners)
-    key = (FORWARD.name, name, x.shape, x.dtype, nhwc, osz, align_corners, scales_h, scales_w, A.current_form())
+    form = A.current_form()  # once: the key's is the one phase 1 takes (grid_sampler.grid_sampler_backward)
+    key = (FORWARD.name, name, x.shape, x.dtype, nhwc, osz, align_corners, scales_h, scales_w, form)
     plan = B.plan(key)
     if plan is not None:
         out = torch.empty((x.shape[0], x.shape[1], *osz), dtype=x.dtype, memory_format=fmt)
@@ -85,7 +87,7 @@ def upsample_forward(name, input, output_size, align_corners, scales_h, scales_w
     with run.recorded(FORWARD):
         api.run_upsample_forward(run.stream, storages, list(osz), align_corners, scales_h, scales_w,
                                  read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]),
-                                 kept=B.planner(key, run, x.dtype))
+                                 kept=B.planner(key, run, x.dtype), form=form)
     return out
 
 
