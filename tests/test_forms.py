@@ -137,6 +137,36 @@ def test_environment_and_context_option(monkeypatch):
     assert status == ACLNN_ERR_PARAM_INVALID and ex is None and A.FORM_ENV in A.aclGetRecentErrMsg()
 
 
+def test_a_context_destroyed_by_another_thread_is_no_longer_current(monkeypatch):
+    """docs/aclnn.md: the threads a destroyed context was current on fall back to the default
+    context, whichever thread destroyed it (seen: only the destroying thread's own current
+    context was reset, and another thread kept using the destroyed one's options)."""
+    import threading
+    monkeypatch.delenv(A.FORM_ENV, raising=False)
+    made, destroyed, seen = threading.Event(), threading.Event(), {}
+
+    def worker():
+        status, ctx = A.aclrtCreateContext()
+        seen["ctx"] = ctx
+        assert A.aclrtCtxSetSysParamOpt(A.ACLNN_IREE_OPT_FORM, 1) == A.ACLNN_SUCCESS
+        seen["before"] = A.current_form()
+        made.set()
+        destroyed.wait(10)
+        seen["current"] = A.aclrtGetCurrentContext()[1]
+        seen["after"] = A.current_form()
+    t = threading.Thread(target=worker)
+    t.start()
+    made.wait(10)
+    assert A.aclrtDestroyContext(seen["ctx"]) == A.ACLNN_SUCCESS
+    destroyed.set()
+    t.join(10)
+    assert seen["before"] == "linalg" and seen["after"] == "tuned"
+    assert seen["current"] is not seen["ctx"] and not seen["current"].destroyed
+    # option ids are ints, as aclnn's enum: 1000.0 is not ACLNN_IREE_OPT_FORM
+    assert A.aclrtCtxGetSysParamOpt(float(A.ACLNN_IREE_OPT_FORM))[0] == ACLNN_ERR_PARAM_INVALID
+    assert A.aclrtCtxSetSysParamOpt(float(A.ACLNN_IREE_OPT_FORM), 1) == ACLNN_ERR_PARAM_INVALID
+
+
 def test_what_each_target_builds_of_each_spec():
     vmvx, cpu = get_target("vmvx"), get_target("llvm-cpu")
     for spec in all_specs(forms=FORMS):

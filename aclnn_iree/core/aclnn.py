@@ -705,8 +705,10 @@ _ctx_tls = threading.local()
 
 
 def current_context() -> aclrtContext:
-    """The calling thread's current context (the default context unless one was set)."""
-    return getattr(_ctx_tls, "context", None) or _default_context
+    """The calling thread's current context: the default context unless one was set, or where
+    the one set was destroyed since (by any thread: aclrtDestroyContext)."""
+    ctx = getattr(_ctx_tls, "context", None)
+    return _default_context if ctx is None or ctx.destroyed else ctx
 
 
 @contextlib.contextmanager
@@ -798,7 +800,8 @@ def aclrtDestroyContext(context) -> int:
 
 
 def _check_opt(opt):
-    if isinstance(opt, bool) or opt not in (ACL_OPT_DETERMINISTIC, ACLNN_IREE_OPT_FORM):
+    if isinstance(opt, bool) or not isinstance(opt, (int, np.integer)) or opt not in (ACL_OPT_DETERMINISTIC,
+                                                                                       ACLNN_IREE_OPT_FORM):
         raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"unknown aclSysParamOpt {brief(opt)}; known: ACL_OPT_DETERMINISTIC "
                                                      f"(0), ACLNN_IREE_OPT_FORM ({ACLNN_IREE_OPT_FORM})")
 
