@@ -345,7 +345,9 @@ def _cmd_list(args) -> int:
     stores = _list_stores(args)
     if args.dir and os.path.exists(stores[0][0]) and not os.path.isdir(stores[0][0]):
         raise UsageError(f"--dir {stores[0][0]} is not a directory")
-    built = [(d, what, ArtifactStore(d)) for d, what in stores if os.path.isfile(os.path.join(d, "manifest.json"))]
+    # a manifest path that is there at all (a FIFO, a directory or a dangling symlink in its place
+    # too): its store is reported, unreadable, rather than taken for an empty one
+    built = [(d, what, ArtifactStore(d)) for d, what in stores if os.path.lexists(os.path.join(d, "manifest.json"))]
     print(f"artifacts in {stores[0][0]}" if args.dir else search_order())
     if not built and not args.verbose:
         where = stores[0][0] if args.dir else " or ".join(d for d, _ in stores)

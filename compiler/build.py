@@ -406,6 +406,11 @@ class ArtifactStore:
         from .compile import CompileError
 
         t0 = time.perf_counter()
+        try:  # an unreadable manifest (a FIFO or a directory in its place): say so once, compile nothing
+            self.manifest()
+        except OSError as e:
+            raise OSError(f"{os.path.join(self.root, MANIFEST)}: the store's manifest cannot be read "
+                          f"({e.strerror or e}); move it away or build into another directory") from None
         res = BuildResult()
         todo, reused = [], []
         for s, t in buildable_pairs(specs, targets):

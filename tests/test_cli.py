@@ -442,3 +442,23 @@ def test_json_to_a_fifo_is_refused_at_once(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     assert_one_error_line(cli("bench", "--json", str(fifo), "--quick", timeout=60), "not a regular file", code=2)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory", "symlink_loop"])
+def test_a_store_whose_manifest_is_not_a_file_is_one_line(tmp_path, kind):
+    """A FIFO, a directory or a self-looping symlink where `build --out` and `list --dir` expect
+    manifest.json: build compiled every module first, then reported each as failed to compile;
+    list said nothing was built.  Now both say, in one line, that the manifest is unreadable
+    (build before compiling anything)."""
+    path = tmp_path / "manifest.json"
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "directory":
+        os.mkdir(path)
+    else:
+        os.symlink("manifest.json", path)
+    r = cli("build", "--target", "llvm-cpu", "--kernel", "upsample_bilinear2d_nchw_ac0_f32", "--out", str(tmp_path),
+            "--no-progress", timeout=60)
+    assert_one_error_line(r, "manifest cannot be read", code=1)
+    assert not list(tmp_path.glob("**/*.vmfb")), "nothing compiles"
+    assert_one_error_line(cli("list", "--dir", str(tmp_path), timeout=60), "cannot read", code=1)
