@@ -279,7 +279,9 @@ def _cmd_build(args) -> int:
           f"of {total} in {res.seconds:.1f} s")
     for kernel, function, nbytes in res.spills:
         print(f"note: ptxas: cuda/{kernel} @{function} spills {nbytes} bytes of registers (see its manifest entry)")
-    if res.compiled == 0 and not res.failed:
+    if total == 0:
+        print("nothing to compile: no target computes these specialisations' dtypes (see the notes above)")
+    elif res.compiled == 0 and not res.failed:
         print(f"nothing to compile: all {total} artifact(s) are up to date in {out}")
     if res.failed:
         print(f"{len(res.failed)} specialisation(s) failed to compile (see above)", file=sys.stderr)
@@ -408,9 +410,16 @@ def _cmd_list(args) -> int:
             print(f"  nothing built for this target (run `aclnn-iree build --target {t.name}{form}`; -v lists the names)")
             continue
         for kind in ("missing", "stale", "corrupt", "unreadable"):
-            for s in groups[kind]:
+            shown = groups[kind] if args.verbose or len(groups[kind]) <= _LIST_NAMES else groups[kind][:5]
+            for s in shown:
                 print(f"  {kind}: {s.kernel_name}")
+            if len(shown) < len(groups[kind]):
+                print(f"  ... and {len(groups[kind]) - len(shown)} more {kind} (-v lists them)")
     return 0
+
+
+# `list` names up to this many modules of one kind (missing, stale, ...) without -v; more, the first 5
+_LIST_NAMES = 12
 
 
 def _cmd_demo(args) -> int:
