@@ -439,7 +439,7 @@ class ArtifactStore:
         bar = None
         if progress and todo:
             from tqdm import tqdm
-            bar = tqdm(total=len(todo), desc="compiling", unit="module")
+            bar = tqdm(total=len(todo), desc="compiling", unit="module", disable=None)  # none where stderr is no terminal
         with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as ex:
             for failure, entry in ex.map(work, todo):
                 if failure:

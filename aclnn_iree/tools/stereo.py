@@ -310,7 +310,8 @@ def estimate_side_by_side(left, right, cfg: StereoConfig = StereoConfig(), backe
                 if bar is not None:
                     bar.close()
                 from tqdm import tqdm
-                bar = tqdm(total=event[2], desc=f"{label} level {event[1]}", unit="step", leave=True)
+                # disable=None: no bar where stderr is not a terminal (a log file, CI)
+                bar = tqdm(total=event[2], desc=f"{label} level {event[1]}", unit="step", leave=True, disable=None)
             else:
                 bar.update(1)
                 bar.set_postfix(loss=f"{event[1]:.4f}", refresh=False)
