@@ -463,6 +463,14 @@ class UpsampleBilinear2dSpec(UpsampleSpec):
 
     op = "upsample_bilinear2d"
 
+    def template_params(self, target=None) -> dict:
+        """The backward's parameters, and on CPUs `cpu_gather`: whether the CPU's own gather
+        instructions may load the taps of the NCHW form's gathered vectors (targets.cpu_gathers)."""
+        params = super().template_params(target)
+        if not params["gpu"]:
+            params["cpu_gather"] = cpu_gathers(target)
+        return params
+
     def function_name(self, same_size: bool = False, target=None) -> str:
         """The exported function for a call: on CPUs (`target` None or not a GPU)
         `<kernel>_same_size` where neither axis is resized (`same_size`: H == H_out and
