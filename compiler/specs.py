@@ -418,8 +418,20 @@ class UpsampleSpec(KernelSpec):
         return params
 
 
+class _GathersOnCpus:
+    """For the forward operators' specs (first among their bases): their backward's template
+    parameters, and on CPUs `cpu_gather`, whether the CPU's own gather instructions may load
+    the taps their CPU forms gather (targets.cpu_gathers)."""
+
+    def template_params(self, target=None) -> dict:
+        params = super().template_params(target)
+        if not params["gpu"]:
+            params["cpu_gather"] = cpu_gathers(target)
+        return params
+
+
 @dataclasses.dataclass(frozen=True)
-class GridSampler2dSpec(GridSamplerSpec):
+class GridSampler2dSpec(_GathersOnCpus, GridSamplerSpec):
     """One specialisation of grid_sampler_2d (the forward, aclnnGridSampler2D): the module
     exports one function, `<kernel>` (input, grid -> output), and takes the grid sampler's
     template parameters (the coordinate macros are shared)."""
@@ -432,14 +444,6 @@ class GridSampler2dSpec(GridSamplerSpec):
 
     def function_name(self) -> str:
         return self.kernel_name
-
-    def template_params(self, target=None) -> dict:
-        """The backward's parameters, and on CPUs `cpu_gather`: whether the CPU's own gather
-        instructions may load the taps (targets.cpu_gathers)."""
-        params = super().template_params(target)
-        if not params["gpu"]:
-            params["cpu_gather"] = cpu_gathers(target)
-        return params
 
     def function_names(self, target=None) -> tuple:
         return (self.kernel_name,)
@@ -456,20 +460,12 @@ class GridSampler2dSpec(GridSamplerSpec):
 
 
 @dataclasses.dataclass(frozen=True)
-class UpsampleBilinear2dSpec(UpsampleSpec):
+class UpsampleBilinear2dSpec(_GathersOnCpus, UpsampleSpec):
     """One specialisation of upsample_bilinear2d (the forward, aclnnUpsampleBilinear2d): the
     module exports `<kernel>` (input, scales -> output) and, where CPU modules of the tuned
     form, `<kernel>_same_size` (see function_name)."""
 
     op = "upsample_bilinear2d"
-
-    def template_params(self, target=None) -> dict:
-        """The backward's parameters, and on CPUs `cpu_gather`: whether the CPU's own gather
-        instructions may load the taps of the NCHW form's gathered vectors (targets.cpu_gathers)."""
-        params = super().template_params(target)
-        if not params["gpu"]:
-            params["cpu_gather"] = cpu_gathers(target)
-        return params
 
     def function_name(self, same_size: bool = False, target=None) -> str:
         """The exported function for a call: on CPUs (`target` None or not a GPU)
