@@ -311,17 +311,17 @@ def _kib(store_manifest: dict, ids) -> str:
 _LIST_TARGETS = ["llvm-cpu", "vulkan-spirv", "cuda"]
 
 
-def _built_for(target: str, args) -> bool:
-    """Whether a store `list` reports holds a module of the target `target` (its default arch)."""
+def _targets_held(args) -> set:
+    """The targets the stores `list` reports hold modules of (each manifest read once)."""
     from .compiler.build import ArtifactStore
+    held = set()
     for d, _ in _list_stores(args):
         try:
             entries = ArtifactStore(d).manifest()["artifacts"]
         except OSError:
             continue
-        if any(isinstance(e, dict) and e.get("target") == target for e in entries.values()):
-            return True
-    return False
+        held |= {e.get("target") for e in entries.values() if isinstance(e, dict)}
+    return held
 
 
 def _cmd_list(args) -> int:
@@ -332,7 +332,10 @@ def _cmd_list(args) -> int:
         return _print_cpus()
     specs = _specs(args.op, args.dtype, args.kernel, args.form)
     # default: the CPU, Vulkan and CUDA, and any other target a store holds modules of
-    names = args.target or _LIST_TARGETS + [n for n in TARGETS if n not in _LIST_TARGETS and _built_for(n, args)]
+    names = args.target
+    if not names:
+        held = _targets_held(args)
+        names = _LIST_TARGETS + [n for n in TARGETS if n not in _LIST_TARGETS and n in held]
     if not args.target and args.gpu_arch:  # one GPU's arch (sm_86, ampere): the GPU targets that know it
         from .compiler.targets import arch_problem, get_target
 
