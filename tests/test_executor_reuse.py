@@ -20,7 +20,7 @@ import pytest
 
 from aclnn_iree import aclnn as A
 from aclnn_iree.core import api
-from aclnn_iree.ops import grid_sampler, upsample
+from aclnn_iree.ops import Operator, grid_sampler, grid_sampler_forward, upsample
 from aclnn_iree.ops import reference as R
 from aclnn_iree.core.errors import ACLNN_ERR_INNER_NULLPTR, ACLNN_ERR_PARAM_INVALID, ACLNN_SUCCESS as SUCCESS
 from aclnn_iree.core.tensors import empty_aligned
@@ -317,6 +317,33 @@ def test_small_calls_run_inline_on_local_sync():
     assert UP.call_device("local-task", UP.inline_work[""] + 1, "same_size") == "local-sync"
     assert upsample.call_kind((2, 3, 5, 6), (2, 3, 5, 6)) == "same_size"
     assert upsample.call_kind((2, 3, 5, 6), (2, 3, 5, 7)) == ""
+    # the grid sampler's modes read 1, 4 and 16 taps per point: bicubic leaves the caller's
+    # thread sooner, nearest later (a 4 x 16 x 64^2 bicubic forward took 1.3 ms a call inline,
+    # 0.7 on two workers, under bilinear's bound); an unknown code takes ""'s bound
+    for op in (GS, grid_sampler_forward.OPERATOR):
+        work = op.inline_work["bilinear"]
+        assert op.inline_work["bicubic"] < work < op.inline_work["nearest"]
+        assert [op.call_device("local-task", work, grid_sampler.call_kind(m)) for m in (0, 1, 2, 7, [0])] == \
+            ["local-sync", "local-sync", "local-task", "local-sync", "local-sync"]
+        assert op.call_device("local-task", work + 1, grid_sampler.call_kind(1)) == "local-sync"
+
+
+def test_grid_sampler_calls_name_their_mode_for_the_inline_bound(monkeypatch):
+    """The Pythonic calls and the torch layer pass the interpolation mode's kind to
+    call_device (forward and backward), so its bound is the one applied."""
+    torch = pytest.importorskip("torch")
+    from aclnn_iree.torch import grid_sampler as TG
+    seen = []
+    real = Operator.call_device
+    monkeypatch.setattr(Operator, "call_device", lambda self, device, work, kind="": seen.append((self.name, kind))
+                        or real(self, device, work, kind))
+    go, x, grid = gs_arrays(N=1, C=2, H=5, W=6, Ho=4, Wo=3)
+    api.grid_sampler_2d_backward(go, x, grid, "bicubic", 0, False)
+    api.grid_sampler_2d(x, grid, "nearest", 0, False)
+    t = [torch.from_numpy(a) for a in (go, x, grid)]
+    TG.grid_sampler_backward("local-task", *t, 2, 0, False, (True, True))
+    TG.grid_sampler_forward("local-task", t[1], t[2], 1, 0, False)
+    assert seen == [("grid_sampler_2d_backward", "bicubic"), ("grid_sampler_2d", "nearest")] * 2
 
 
 @pytest.mark.parametrize("mode,pad,ac", [(0, 0, False), (1, 1, True), (2, 2, False), (0, 2, True)])

@@ -238,7 +238,8 @@ def test_every_mode_and_mask_runs_into_pytorchs_tensors(inline, monkeypatch):
     output mask, inline (local-sync) and on the task workers: the Pythonic call's bits.
     (A nearest grid gradient alone is a fill, which IREE refused on DLPack-imported memory.)"""
     from aclnn_iree.ops import grid_sampler
-    monkeypatch.setitem(grid_sampler.OPERATOR.inline_work, "", 10 ** 9 if inline else -1)
+    for kind in grid_sampler.OPERATOR.inline_work:  # "" and each mode's
+        monkeypatch.setitem(grid_sampler.OPERATOR.inline_work, kind, 10 ** 9 if inline else -1)
     rng = np.random.default_rng(5)
     x, go = rng.standard_normal((2, 3, 6, 7)), rng.standard_normal((2, 3, 4, 5))
     grid = rng.uniform(-1.2, 1.2, (2, 4, 5, 2))

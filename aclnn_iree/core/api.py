@@ -466,7 +466,7 @@ def grid_sampler_2d_backward(grad_output, input, grid, interpolation_mode=0, pad
     padding_mode = _mode("padding_mode", padding_mode, PADDING_NAMES)
     N, C = x.shape[:2] if x.ndim == 4 else (0, 0)
     work = N * C * (math.prod(g.shape[1:3]) if g.ndim == 4 else 0) + x.size
-    stream = thread_stream(grid_sampler.OPERATOR.call_device(device, work))
+    stream = thread_stream(grid_sampler.OPERATOR.call_device(device, work, grid_sampler.call_kind(interpolation_mode)))
     dev = stream.device
     # The kernels write every element of a requested output (and the empty-input path
     # zero-fills it), so outputs start uninitialised.  A masked-out output still needs a
@@ -544,7 +544,8 @@ def grid_sampler_2d(input, grid, interpolation_mode=0, padding_mode=0, align_cor
     padding_mode = _mode("padding_mode", padding_mode, PADDING_NAMES)
     N, C = x.shape[:2] if x.ndim == 4 else (0, 0)
     out_shape = (N, C, *g.shape[1:3]) if g.ndim == 4 else (N, C, 0, 0)
-    stream = thread_stream(grid_sampler_forward.OPERATOR.call_device(device, math.prod(out_shape)))
+    stream = thread_stream(grid_sampler_forward.OPERATOR.call_device(device, math.prod(out_shape),
+                                                                     grid_sampler.call_kind(interpolation_mode)))
     dev = stream.device
     storages = [_host_storage(dev, "input", x), _host_storage(dev, "grid", g),
                 _output_storage(dev, "output", out_shape, x.dtype)]

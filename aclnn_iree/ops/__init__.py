@@ -50,7 +50,8 @@ class Operator:
     reference: its float64 NumPy reference (ops/reference.py), PyTorch's formulas;
     inline_work: {call kind: elements}: calls with at most this much work (grad_output plus
     grad_input elements) run inline on local-sync where local-task is asked for (call_device);
-    "" is every call's kind unless the operator's module names another;
+    "" is every call's kind unless the operator's module names another (a kind missing from
+    the mapping takes ""'s);
     torch: the module of its PyTorch integration (the aten kernels `enable()` overrides, its
     custom ops), imported by aclnn_iree.torch;
     bench: the module of its benchmark (cases, inputs, our calls, PyTorch's and the peers'),
@@ -79,5 +80,9 @@ class Operator:
 
     def call_device(self, device: str, work: int, kind: str = "") -> str:
         """The IREE device that runs a call of this operator with `work` elements: local-sync
-        for a small call (inline_work[kind]) when `device` is local-task, else `device`."""
-        return "local-sync" if device == "local-task" and work <= self.inline_work[kind] else device
+        for a small call (inline_work[kind], else inline_work[""]) when `device` is local-task,
+        else `device`."""
+        if device != "local-task":
+            return device
+        limit = self.inline_work.get(kind)
+        return "local-sync" if work <= (self.inline_work[""] if limit is None else limit) else device

@@ -14,13 +14,23 @@ from ..core.validation import (bool_attr, dtype_name, fail, int_attr, no_alias, 
                           tensor_arg)
 from . import Binding, Operator, reference
 
-__all__ = ["ACLNN_NAME", "INTERPOLATION_NAMES", "PADDING_NAMES", "VOCABULARY", "check", "bind", "OPERATOR"]
+__all__ = ["ACLNN_NAME", "INTERPOLATION_NAMES", "PADDING_NAMES", "VOCABULARY", "check", "bind", "call_kind", "OPERATOR"]
 
 ACLNN_NAME = "aclnnGridSampler2DBackward"
 # aclnn's (and PyTorch's) integer codes -> the names in kernel names and templates.
 INTERPOLATION_NAMES = dict(enumerate(INTERPOLATION_MODES))
 PADDING_NAMES = dict(enumerate(PADDING_MODES))
 VOCABULARY = {"interpolationMode": INTERPOLATION_NAMES, "paddingMode": PADDING_NAMES}
+
+
+def call_kind(interpolation_mode) -> str:
+    """The kind of a grid sampler call (forward or backward), for Operator.call_device: its
+    interpolation mode's name ("bilinear", "nearest", "bicubic"; "" for a code phase 1 will
+    reject).  The modes read 1, 4 and 16 taps per point, so their inline thresholds differ."""
+    try:
+        return INTERPOLATION_NAMES.get(interpolation_mode, "")
+    except TypeError:  # unhashable: phase 1 says why
+        return ""
 
 
 def check(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, outputMask, inputGrad,
@@ -101,7 +111,9 @@ def bind(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, 
 
 
 # inline_work: the measured crossover of waking local-task's workers, about 1e5 elements on
-# 2 threads (docs/performance.md#host-overhead).
-OPERATOR = Operator(ACLNN_NAME, GridSamplerSpec, check, bind, reference.grid_sampler_2d_backward, {"": 65536},
+# 2 threads for bilinear (docs/performance.md#host-overhead); the other modes' by their kernel
+# time per element on one thread (4 x 16 x 64^2, Xeon: nearest 0.4x bilinear's, bicubic 1.8x).
+OPERATOR = Operator(ACLNN_NAME, GridSamplerSpec, check, bind, reference.grid_sampler_2d_backward,
+                    {"": 65536, "bilinear": 65536, "nearest": 131072, "bicubic": 32768},
                     torch="aclnn_iree.torch.grid_sampler", bench="aclnn_iree.tools.bench_grid_sampler",
                     roofline="aclnn_iree.tools.roofline", vocabulary=VOCABULARY)

@@ -51,7 +51,10 @@ def bind(input, grid, interpolationMode, paddingMode, alignCorners, out) -> Bind
 
 # inline_work (output elements): measured through the Pythonic call, bilinear border, 2 threads,
 # local-sync vs local-task: 2x30x31x46 126 vs 205 us, 2x16x64^2 233 vs 323 us, 2x30x62x92
-# 594 vs 530 us: the crossover lies near 2.5e5, four times the backward's.
-OPERATOR = Operator(ACLNN_NAME, GridSampler2dSpec, check, bind, reference.grid_sampler_2d, {"": 262144},
+# 594 vs 530 us: the crossover lies near 2.5e5, four times the backward's.  The other modes'
+# by their kernel time per point on one thread (4 x 16 x 64^2, Xeon: nearest 0.5x bilinear's,
+# bicubic 3.2x: run inline there, 4x16x64^2 took 1.3 ms a call where 2 workers take 0.7).
+OPERATOR = Operator(ACLNN_NAME, GridSampler2dSpec, check, bind, reference.grid_sampler_2d,
+                    {"": 262144, "bilinear": 262144, "nearest": 524288, "bicubic": 65536},
                     torch="aclnn_iree.torch.grid_sampler", bench="aclnn_iree.tools.bench_grid_sampler_forward",
                     vocabulary=VOCABULARY)

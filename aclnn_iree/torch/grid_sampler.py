@@ -16,7 +16,7 @@ from torch import Tensor
 from ..core import aclnn as A
 from ..core import api
 from ..core.tensors import no_storage
-from ..ops.grid_sampler import INTERPOLATION_NAMES, OPERATOR, PADDING_NAMES
+from ..ops.grid_sampler import INTERPOLATION_NAMES, OPERATOR, PADDING_NAMES, call_kind
 from ..ops.grid_sampler_forward import OPERATOR as FORWARD
 from . import _bridge as B
 from . import _library as L
@@ -47,7 +47,7 @@ def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, pa
     plan = B.plan(key)
     if plan is not None and plan((go, x, g), outs):
         return tuple(outs)
-    run = B.Launch(OPERATOR.call_device(name, go.numel() + x.numel()), (go, x, g))
+    run = B.Launch(OPERATOR.call_device(name, go.numel() + x.numel(), call_kind(mode)), (go, x, g))
     storages = [run.storage(go), run.storage(x), run.storage(g)]
     storages += [run.storage(t, output=True) if t is not None
                  else no_storage(like.shape, B.numpy_dtype(like.dtype)) for t, like in ((outs[0], x), (outs[1], g))]
@@ -72,7 +72,7 @@ def grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, al
             return out
     shape = (x.shape[0], x.shape[1], g.shape[1], g.shape[2]) if x.dim() == 4 and g.dim() == 4 else (0, 0, 0, 0)
     out = torch.empty(shape, dtype=x.dtype, device=x.device)  # an invalid call: phase 1 says why
-    run = B.Launch(FORWARD.call_device(name, out.numel()), (x, g))
+    run = B.Launch(FORWARD.call_device(name, out.numel(), call_kind(mode)), (x, g))
     storages = [run.storage(x), run.storage(g), run.storage(out, output=True)]
     with run.recorded(FORWARD):
         api.run_grid_sampler_forward(run.stream, storages, mode, padding, align_corners, read=B.reader([out]),
