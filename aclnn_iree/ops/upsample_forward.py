@@ -15,7 +15,7 @@ from ..core.tensors import aclIntArray
 from ..core.validation import (bool_attr, dtype_name, fail, no_alias, rank, same_device, same_dtype, supported_dtype,
                                tensor_arg)
 from . import Binding, Operator, reference
-from .upsample import call_kind, checked_scales, op_math, scales_tensor
+from .upsample import checked_scales, op_math, scales_tensor
 
 __all__ = ["ACLNN_NAME", "check", "bind", "OPERATOR"]
 
@@ -76,7 +76,7 @@ def bind(self, alignCorners, out, layout: str, scales, target=None) -> Binding:
 
 # inline_work (input plus output elements): measured through the Pythonic call, x2, 2 threads,
 # local-sync vs local-task: 2x16x64^2 (6.6e5) 323 vs 337 us, 2x30x31x46 (4.3e5) 391 vs 326 us:
-# the crossover lies near the backward's, 2.6e5, which is kept.  A same-size call (call_kind)
+# the crossover lies near the backward's, 2.6e5, which is kept.  A same-size call (upsample.call_kind)
 # is the backward's elementwise pass, with its threshold.
 OPERATOR = Operator(ACLNN_NAME, UpsampleBilinear2dSpec, check, bind, reference.upsample_bilinear2d,
                     {"": 262144, "same_size": 1 << 22},
