@@ -369,6 +369,22 @@ def test_call_duration_estimate_and_presleep():
     assert A.aclrtSynchronizeStream(stream) == SUCCESS
     assert est.seconds <= 0.85 * 0.050  # observed: 0.9 * 0.050 + the sleep's overshoot
     assert_bitwise(t[3].numpy(), outs[0][0])
+    # A call expected to take under 2 ms gets a blocking fence wait (no polls), and its
+    # duration is recorded as observed; a longer one polls.
+    from aclnn_iree.runtime import timeline
+    polls = []
+    real = timeline.Timeline._sleep_until
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(timeline.Timeline, "_sleep_until", lambda self, value: polls.append(value) or real(self, value))
+        for expected, polled in ((0.0015, False), (0.0025, True)):
+            polls.clear()
+            kernel._seconds.clear()
+            est.record(expected)
+            assert A.aclnnGridSampler2DBackward(workspace, ws, ex, stream) == SUCCESS
+            assert A.aclrtSynchronizeStream(stream) == SUCCESS
+            assert bool(polls) == polled, expected
+            assert_bitwise(t[3].numpy(), outs[0][0])
+            assert_bitwise(t[4].numpy(), outs[0][1])
     assert A.aclDestroyAclOpExecutor(ex) == SUCCESS
 
 
