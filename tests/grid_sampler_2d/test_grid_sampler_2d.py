@@ -219,3 +219,15 @@ def test_large_channel_count(device, torch):
     grid = rng.uniform(-1.1, 1.1, (1, 3, 19, 2)).astype(np.float32)
     for mode, pad in ((0, 0), (1, 2), (2, 1)):
         check(device, torch, x, grid, mode, pad, False, "C=300")
+
+
+@pytest.mark.parametrize("N,Ho", [(1, 100), (3, 701)], ids=["64-workgroups", "32-row-blocks"])
+def test_many_output_rows(device, torch, N, Ho):
+    """More output rows than workgroups: the CPU form gives each workgroup a contiguous range
+    of rows, at least 64 workgroups and at most 32 rows each; ranges that do not divide the rows
+    evenly (100 rows over 64 workgroups; 2103 over 66) must still cover each row once."""
+    rng = np.random.default_rng(Ho)
+    x = rng.standard_normal((N, 2, 9, 7)).astype(np.float32)
+    grid = rng.uniform(-1.1, 1.1, (N, Ho, 3, 2)).astype(np.float32)
+    out = check(device, torch, x, grid, 0, 1, False, f"{N * Ho} rows")
+    assert np.isfinite(out).all()
