@@ -345,6 +345,8 @@ class GridSamplerSpec(KernelSpec):
             params["fused_fma"] = target is None or target.fused_fma
         if self.interpolation_mode != "nearest":  # nearest has no grid gradient to compute
             params["gpu_channel_block"] = GPU_CHANNEL_BLOCK
+        if not params["gpu"]:  # both directions' CPU forms gather taps (_GathersOnCpus)
+            params["cpu_gather"] = cpu_gathers(target)
         return params
 
 
@@ -419,9 +421,10 @@ class UpsampleSpec(KernelSpec):
 
 
 class _GathersOnCpus:
-    """For the forward operators' specs (first among their bases): their backward's template
+    """For the upsample forward's spec (first among its bases): its backward's template
     parameters, and on CPUs `cpu_gather`, whether the CPU's own gather instructions may load
-    the taps their CPU forms gather (targets.cpu_gathers)."""
+    the taps its CPU forms gather (targets.cpu_gathers; GridSamplerSpec passes it to both grid
+    sampler families itself)."""
 
     def template_params(self, target=None) -> dict:
         params = super().template_params(target)
@@ -431,7 +434,7 @@ class _GathersOnCpus:
 
 
 @dataclasses.dataclass(frozen=True)
-class GridSampler2dSpec(_GathersOnCpus, GridSamplerSpec):
+class GridSampler2dSpec(GridSamplerSpec):
     """One specialisation of grid_sampler_2d (the forward, aclnnGridSampler2D): the module
     exports one function, `<kernel>` (input, grid -> output), and takes the grid sampler's
     template parameters (the coordinate macros are shared)."""

@@ -17,6 +17,7 @@ import pytest
 
 from aclnn_iree.compiler.targets import get_target
 from aclnn_iree.compiler.specs import (DTYPES, INTERPOLATION_MODES, PADDING_MODES, GridSamplerSpec, UpsampleSpec,
+                                      GridSampler2dSpec, UpsampleBilinear2dSpec,
                                       all_specs)
 
 render_mod = importlib.import_module("aclnn_iree.compiler.render")
@@ -270,6 +271,20 @@ UPSAMPLE_PARAM_CASES = [
     for p in spec.template_params()]
 
 
+@pytest.mark.parametrize("spec", [GridSampler2dSpec("bilinear", "border", False, "float32"),
+                                  GridSampler2dSpec("nearest", "zeros", True, "bfloat16"),
+                                  UpsampleBilinear2dSpec(False, "float32", "NCHW"),
+                                  UpsampleBilinear2dSpec(True, "float64", "NHWC")], ids=spec_id)
+def test_forward_cpu_forms_need_cpu_gather(spec):
+    """The forward families' CPU forms read `cpu_gather` (whether the CPU has gather
+    instructions) strictly, as the backward's do: a spec that misspells it fails to render
+    rather than guessing from the ISA."""
+    if spec.op == UpsampleBilinear2dSpec.op:
+        _need_upsample_template()
+    with pytest.raises(jinja2.UndefinedError):
+        _render_without(spec, "cpu_gather")
+
+
 @pytest.mark.parametrize("spec,param", UPSAMPLE_PARAM_CASES)
 def test_misspelt_upsample_parameter_raises(spec, param):
     _need_upsample_template()
@@ -289,13 +304,40 @@ def test_environment_is_strict():
 FP_TO_INT = re.compile(r"arith\.(fptosi|fptoui) (%\w+) : (\S+) to (\S+)")
 
 
+# The grid gradient's AVX2 gathers (x86, float32/float64): a tap's plane offsets (y * W + x,
+# i64 lanes) narrowed to the gather instructions' i32 lanes, used only under %hw_ok (H * W
+# below 2^31, so every offset in a plane fits); elsewhere vector.gather takes the i64 lanes.
+GATHER_TRUNC = re.compile(r"^\s*%po\w+_32 = arith\.trunci %po\w+ : vector<(\d+)xi64> to vector<\1xi32>$")
+GATHER_I32 = [GATHER_TRUNC,
+              re.compile(r"^\s*%xg_mask_i = arith\.constant dense<-1> : vector<8xi32>$"),
+              re.compile(r"^\s*%xg_mask = arith\.bitcast %xg_mask_i : vector<8xi32> to vector<8xf32>$"),
+              re.compile(r"^\s*%\w+_o\d = vector\.shuffle (%po\w+_32), \1 \[[\d, ]+\] : vector<8xi32>, vector<8xi32>$"),
+              re.compile(r'^\s*%\w+ = llvm\.call_intrinsic "llvm\.x86\.avx2\.gather\.d\.p[sd]\.256"\(.*vector<[48]xi32>, '),
+              re.compile(r"^\s*%i32max = arith\.constant 2147483647 : index$"),
+              re.compile(r"^\s*%hw_ok = arith\.cmpi ule, %HWp, %i32max : index$")]
+
+
+def _gathers_under_hw_ok(text):
+    """Every AVX2 gather lies in the then-region of an `scf.if %hw_ok` (the nearest scf.if
+    above it), and %hw_ok is H * W <= 2^31 - 1."""
+    lines = text.splitlines()
+    gathers = [i for i, line in enumerate(lines) if "llvm.x86.avx2.gather" in line]
+    if gathers:
+        assert any(re.fullmatch(r"\s*%hw_ok = arith\.cmpi ule, %HWp?, %i32max : index", line) for line in lines)
+    for i in gathers:
+        above = next(line for line in reversed(lines[:i]) if "scf.if" in line or "} else {" in line)
+        assert "scf.if %hw_ok" in above, f"an AVX2 gather outside scf.if %hw_ok: {lines[i].strip()}"
+
+
 def _check_64bit_conversions(text, expect=True):
     convs = FP_TO_INT.findall(text)
     assert convs or not expect, "expected float -> int conversions of coordinates"
     for op, _, src, dst in convs:
         assert re.fullmatch(r"i64|vector<\d+xi64>", dst), f"arith.{op} ... : {src} to {dst} (must be i64)"
     assert not re.search(r"(!ct|f16|bf16|f32|f64) to i32", text)
-    assert "arith.trunci" not in text
+    truncs = [line for line in text.splitlines() if "arith.trunci" in line]
+    assert all(GATHER_TRUNC.match(line) for line in truncs), truncs[:3]
+    _gathers_under_hw_ok(text)
 
 
 @pytest.mark.parametrize("spec", GRID_SPECS, ids=spec_id)
@@ -371,7 +413,9 @@ def test_offsets_are_64_bit(spec):
               or re.search(r"^\s*%no_runs = arith\.constant dense<\[0, 1\]> : tensor<2xi32>$", line)
               # the worker count, which caps the block pass's workgroup count
               or re.search(r'hal\.device\.query<%device : !hal\.device> key\("hal\.dispatch" :: "concurrency"\) : i1, i32 = 1 : i32$', line)
-              or re.search(r"^\s*%wk = arith\.index_castui %workers : i32 to index$", line))
+              or re.search(r"^\s*%wk = arith\.index_castui %workers : i32 to index$", line)
+              # the grid gradient's AVX2 gathers (GATHER_I32, under %hw_ok)
+              or any(p.search(line) for p in GATHER_I32))
         assert ok, f"unexpected i32 use: {line.strip()}"
 
 
