@@ -170,13 +170,15 @@ def test_upsample_pythonic_errors():
 
 
 # ----------------------------------------------------------------------------- CPU gathers
-def test_the_forward_grid_sampler_uses_avx2_gathers_only_where_the_cpu_has_them():
-    """x86's AVX2 gather instructions load the taps where the target CPU has them (iree-compile
-    fails on them for an older CPU): a named CPU without AVX2 gets vector.gather."""
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "backward"])
+def test_the_grid_sampler_uses_avx2_gathers_only_where_the_cpu_has_them(backward):
+    """x86's AVX2 gather instructions load the taps (the forward's; the backward's point-parallel
+    grid gradient's) where the target CPU has them (iree-compile fails on them for an older
+    CPU): a named CPU without AVX2 gets vector.gather."""
     from aclnn_iree.compiler.render import render
-    from aclnn_iree.compiler.specs import GridSampler2dSpec
+    from aclnn_iree.compiler.specs import GridSampler2dSpec, GridSamplerSpec
     from aclnn_iree.compiler.targets import cpu_gathers, cpu_isa, get_target
-    spec = GridSampler2dSpec("bilinear", "zeros", False, "float32")
+    spec = (GridSamplerSpec if backward else GridSampler2dSpec)("bilinear", "zeros", False, "float32")
     old, new = get_target("llvm-cpu", "x86-64-v2"), get_target("llvm-cpu", "x86-64-v3")
     assert "llvm.x86.avx2.gather" not in render(spec, old)
     if cpu_isa() == "x86":
