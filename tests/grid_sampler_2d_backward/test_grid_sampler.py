@@ -1099,10 +1099,11 @@ def _point_pass_cases(mode, pad, ac, dtype):
     cases = [random_case(rng, (2, C, 6, 7, 5, 9), np.float64, -1.3, 1.3) for C in (1, 3, 4, 6, 8, 9, 17)]
     # a warp: lanes of 8 points reading consecutive pixels of a row take vector loads there
     cases += [_warp_case(rng, (2, C, 7, 26, 6, 21), ac) for C in (1, 3, 8, 11)]
-    # output rows longer than dgrid_points' chunk (256 points), with a partial last group, and
-    # an input over its 524288 elements, where it walks the channel blocks outside the points
+    # output rows longer than dgrid_points' chunk (256 points), with a partial last group, an
+    # input just under its 2097152 elements (the blocks inside each group) and one over them,
+    # where it walks the channel blocks outside the points
     cases += [_warp_case(rng, (1, 11, 4, 310, 3, 300), ac), random_case(rng, (1, 9, 5, 30, 2, 263), np.float64, -1.3, 1.3),
-              _warp_case(rng, (1, 11, 220, 240, 3, 300), ac), _warp_case(rng, (1, 3, 400, 450, 3, 300), ac)]
+              _warp_case(rng, (1, 3, 800, 870, 3, 300), ac), _warp_case(rng, (1, 11, 440, 440, 3, 300), ac)]
     for go, x, grid in cases:
         go, x, grid = (a.astype(st) for a in (go, x, grid))
         grid[0, 0, :3] = [[6e4, -2.5], [np.nan, 0.5], [-1.0, 1.0]]  # far out (fits f16), NaN, a corner
