@@ -17,11 +17,11 @@ import iree.runtime as rt
 __all__ = ["Timeline"]
 
 # A CPU timeline sleeps through this share of a submission's expected duration (the fastest
-# recent run) before it polls (only for work expected to take over 1 ms; never more than 1 s
-# at once).  0.9 rather than 0.8: the polls' wake-ups take a core from the task workers (grid
+# recent run) before it polls (for work expected to take _BLOCKING_BELOW_S or more; never more
+# than 1 s at once).  0.9 rather than 0.8: the polls' wake-ups take a core from the task workers (grid
 # sampler forward 2x30x250x370, 2 threads, alternating in one process: 3.83-4.05 ms at 0.8,
 # 3.72-3.92 at 0.9, 3.72-3.89 at 0.95).
-_PRESLEEP_SHARE, _PRESLEEP_MIN_S, _PRESLEEP_MAX_S = 0.9, 1e-3, 1.0
+_PRESLEEP_SHARE, _PRESLEEP_MAX_S = 0.9, 1.0
 # A submission found finished at the first look after its presleep took at most the observed
 # time, not that time: recording it would keep the estimate at the presleep plus its overshoot
 # (a fixed point near overshoot / (1 - share), about 1.5 ms here, whatever the kernel takes:
@@ -189,7 +189,7 @@ class Timeline:
                     expect[2].record(time.perf_counter() - launched)
                     self._prune()
                     return
-                if seconds is not None and seconds > _PRESLEEP_MIN_S:
+                if seconds is not None:  # at least _BLOCKING_BELOW_S
                     left = launched + _PRESLEEP_SHARE * seconds - time.perf_counter()
                     if left > 0:
                         time.sleep(min(left, _PRESLEEP_MAX_S))
