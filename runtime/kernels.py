@@ -36,8 +36,10 @@ class CallEstimate:
     `seconds`: the fastest recent run (None before the first), which lets a CPU
     timeline sleep through most of a call instead of polling (runtime.timeline);
     `record(seconds)` notes an observed duration: a faster run replaces the estimate, a
-    slower one moves it a quarter of the way (so a slow first run, or a slower machine,
-    never makes a timeline sleep past the end of a call for long).
+    slower one moves it a quarter of the way, at most to twice the estimate (so a slow first
+    run, a slower machine or one stalled call (the process stopped, swapped out, the GIL held
+    elsewhere) never makes a timeline sleep past the end of a call for long: a 3 s stall of a
+    0.5 ms call had later calls sleep 0.7 s, 0.5 s, ... for 3 s in all).
     """
 
     __slots__ = ("_table", "_key")
@@ -51,7 +53,8 @@ class CallEstimate:
 
     def record(self, seconds: float):
         old = self._table.get(self._key)
-        _remember(self._table, self._key, seconds if old is None or seconds < old else 0.75 * old + 0.25 * seconds)
+        _remember(self._table, self._key,
+                  seconds if old is None or seconds < old else min(0.75 * old + 0.25 * seconds, 2 * old))
 
 
 class ModuleLoadError(RuntimeError):

@@ -359,6 +359,9 @@ def test_call_duration_estimate_and_presleep():
     assert kernel.estimate(ex.views).seconds == 0.003
     est.record(0.007)
     assert est.seconds == pytest.approx(0.004)
+    est.record(3.0)  # one stalled call (the process stopped for 3 s): at most twice the estimate
+    assert est.seconds == pytest.approx(0.008)
+    est.record(0.004)
     # A call found finished at the first look after its presleep took at most what was observed
     # (the presleep and its overshoot): the estimate shrinks by the factor below that, where
     # recording the observation would settle at the presleep's own length (a 1.1 ms kernel

@@ -325,6 +325,12 @@ def test_small_calls_run_inline_on_local_sync():
         assert op.inline_work["bicubic"] < work < op.inline_work["nearest"]
         assert [op.call_device("local-task", work, grid_sampler.call_kind(m)) for m in (0, 1, 2, 7, [0])] == \
             ["local-sync", "local-sync", "local-task", "local-sync", "local-sync"]
+    class Unhashable:  # a __hash__ that raises something else than TypeError: still phase 1's to reject
+        def __hash__(self):
+            raise ValueError("no hash")
+    assert grid_sampler.call_kind(Unhashable()) == ""
+    with pytest.raises(api.AclnnError, match="161002"):
+        api.grid_sampler_2d(*gs_arrays(N=1, C=1, H=3, W=3, Ho=2, Wo=2)[1:], Unhashable())
         assert op.call_device("local-task", work + 1, grid_sampler.call_kind(1)) == "local-sync"
 
 

@@ -212,10 +212,11 @@ def _remember_executor(key, ex):
 
 def _signature(*parts):
     """The call signature that keys the kept executors, or None where a part cannot be hashed
-    (an argument phase 1 refuses: the call goes through phase 1, which says what is wrong)."""
+    (an argument phase 1 refuses: the call goes through phase 1, which says what is wrong;
+    also where its __hash__ raises something else than TypeError)."""
     try:
         hash(parts)
-    except TypeError:
+    except Exception:
         return None
     return parts
 

@@ -29,7 +29,7 @@ def call_kind(interpolation_mode) -> str:
     reject).  The modes read 1, 4 and 16 taps per point, so their inline thresholds differ."""
     try:
         return INTERPOLATION_NAMES.get(interpolation_mode, "")
-    except TypeError:  # unhashable: phase 1 says why
+    except Exception:  # unhashable, or a __hash__/__eq__ that raises: phase 1 says why
         return ""
 
 
