@@ -224,6 +224,15 @@ class KernelSpec:
                     gpu_workgroup=GPU_WORKGROUP_SIZE)
 
 
+def _with_cpu_gather(params: dict, target) -> dict:
+    """`params` with, on CPUs, `cpu_gather`: whether the CPU's own gather instructions may load
+    the taps a CPU form gathers (targets.cpu_gathers; the grid samplers' and the upsample
+    forward's templates read it)."""
+    if not params["gpu"]:
+        params["cpu_gather"] = cpu_gathers(target)
+    return params
+
+
 @dataclasses.dataclass(frozen=True)
 class GridSamplerSpec(KernelSpec):
     """One specialisation of grid_sampler_2d_backward.
@@ -345,9 +354,7 @@ class GridSamplerSpec(KernelSpec):
             params["fused_fma"] = target is None or target.fused_fma
         if self.interpolation_mode != "nearest":  # nearest has no grid gradient to compute
             params["gpu_channel_block"] = GPU_CHANNEL_BLOCK
-        if not params["gpu"]:  # both directions' CPU forms gather taps (_GathersOnCpus)
-            params["cpu_gather"] = cpu_gathers(target)
-        return params
+        return _with_cpu_gather(params, target)  # both directions' CPU forms gather taps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -420,19 +427,6 @@ class UpsampleSpec(KernelSpec):
         return params
 
 
-class _GathersOnCpus:
-    """For the upsample forward's spec (first among its bases): its backward's template
-    parameters, and on CPUs `cpu_gather`, whether the CPU's own gather instructions may load
-    the taps its CPU forms gather (targets.cpu_gathers; GridSamplerSpec passes it to both grid
-    sampler families itself)."""
-
-    def template_params(self, target=None) -> dict:
-        params = super().template_params(target)
-        if not params["gpu"]:
-            params["cpu_gather"] = cpu_gathers(target)
-        return params
-
-
 @dataclasses.dataclass(frozen=True)
 class GridSampler2dSpec(GridSamplerSpec):
     """One specialisation of grid_sampler_2d (the forward, aclnnGridSampler2D): the module
@@ -463,12 +457,16 @@ class GridSampler2dSpec(GridSamplerSpec):
 
 
 @dataclasses.dataclass(frozen=True)
-class UpsampleBilinear2dSpec(_GathersOnCpus, UpsampleSpec):
+class UpsampleBilinear2dSpec(UpsampleSpec):
     """One specialisation of upsample_bilinear2d (the forward, aclnnUpsampleBilinear2d): the
     module exports `<kernel>` (input, scales -> output) and, where CPU modules of the tuned
     form, `<kernel>_same_size` (see function_name)."""
 
     op = "upsample_bilinear2d"
+
+    def template_params(self, target=None) -> dict:
+        """The backward's parameters, and on CPUs `cpu_gather` (_with_cpu_gather)."""
+        return _with_cpu_gather(super().template_params(target), target)
 
     def function_name(self, same_size: bool = False, target=None) -> str:
         """The exported function for a call: on CPUs (`target` None or not a GPU)
