@@ -179,28 +179,23 @@ class Timeline:
                 return
         if expect is not None and expect[0] != v:
             expect = None  # later work was submitted after it: its estimate says nothing
-        if self.device.is_host:
-            slept = False
-            if expect is not None:
-                _, launched, estimate = expect
-                seconds = estimate.seconds
-                if seconds is not None and seconds < _BLOCKING_BELOW_S:
-                    rt.HalFence.create_at(self.semaphore, v).wait()  # raises if the timeline failed
-                    expect[2].record(time.perf_counter() - launched)
-                    self._prune()
-                    return
-                if seconds is not None:  # at least _BLOCKING_BELOW_S
-                    left = launched + _PRESLEEP_SHARE * seconds - time.perf_counter()
-                    if left > 0:
-                        time.sleep(min(left, _PRESLEEP_MAX_S))
-                        slept = True
+        seconds = expect[2].seconds if expect is not None else None
+        slept = done_at_once = False
+        # CPU devices poll (after a presleep where the call was timed before), except for a call
+        # timed at under _BLOCKING_BELOW_S: the fence wait below blocks for that one
+        if self.device.is_host and (seconds is None or seconds >= _BLOCKING_BELOW_S):
+            if seconds is not None:
+                left = expect[1] + _PRESLEEP_SHARE * seconds - time.perf_counter()
+                if left > 0:
+                    time.sleep(min(left, _PRESLEEP_MAX_S))
+                    slept = True
             done_at_once = self._sleep_until(v)
-            if expect is not None:
-                took = time.perf_counter() - expect[1]
-                if slept and done_at_once:  # finished during the presleep: `took` only bounds it
-                    took = _CENSORED_SHRINK * min(took, seconds)
-                expect[2].record(took)
-        rt.HalFence.create_at(self.semaphore, v).wait()  # returns at once when done; raises on failure
+        rt.HalFence.create_at(self.semaphore, v).wait()  # at once after the polls; raises on failure
+        if self.device.is_host and expect is not None:
+            took = time.perf_counter() - expect[1]
+            if slept and done_at_once:  # finished during the presleep: `took` only bounds it
+                took = _CENSORED_SHRINK * min(took, seconds)
+            expect[2].record(took)
         self._prune()
 
     def _sleep_until(self, value):

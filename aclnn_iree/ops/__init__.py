@@ -84,5 +84,4 @@ class Operator:
         else `device`."""
         if device != "local-task":
             return device
-        limit = self.inline_work.get(kind)
-        return "local-sync" if work <= (self.inline_work[""] if limit is None else limit) else device
+        return "local-sync" if work <= self.inline_work.get(kind, self.inline_work[""]) else device
