@@ -134,6 +134,30 @@ class Timeline:
                 self._expect = (v, launched, estimate)
         return v
 
+    def run_synchronous(self, enqueue):
+        """submit() on a synchronous device (local-sync: a launch runs its work before its
+        queueing call returns), returning the submission's signal fence, which is reached (its
+        wait() raises if the work failed) instead of a value to synchronize() on: what a
+        repeated small call does (the layers run those inline), without the bookkeeping of
+        work in flight (a synchronous device keeps nothing) and of estimates (nothing to sleep
+        through).  `enqueue` and the guarantees when interrupted as for submit(); raises what
+        queueing the work raised."""
+        if self._owed:
+            self._settle()
+        ticket = _Ticket()
+        try:
+            self._take(ticket, ())
+            v = ticket.value
+            signal = rt.HalFence.create_at(self.semaphore, v)
+            self._queue(ticket, enqueue(rt.HalFence.create_at(self.semaphore, v - 1), signal))
+        except BaseException as e:
+            if ticket.value and not ticket.queued:  # as in submit
+                self._owed.append(ticket)
+                ticket.why = f"{type(e).__name__}: {e}"
+                self._settle()
+            raise
+        return signal
+
     def _settle(self):
         """Signals every value that a submission took and could not queue (see submit), in
         order, with an empty submission each; fails the timeline where even that cannot be

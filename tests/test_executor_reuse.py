@@ -507,3 +507,39 @@ def test_an_executor_cannot_be_copied(stream, how):
     with pytest.raises(TypeError, match="cannot be copied"):
         dup(ex)
     assert A.aclnnGridSampler2DBackward(None, 0, ex, stream) == A.ACLNN_ERR_INNER_NOT_TRANS_EXECUTOR
+
+
+def test_repeated_inline_calls_take_the_synchronous_launch(monkeypatch):
+    """A kept executor's launch on local-sync (every inline call of the layers) queues through
+    Timeline.run_synchronous: one timeline step per call, nothing kept in flight, no duration
+    estimate; each call computes its own data (the reference, within float32's bound), and a
+    call whose queueing fails is ACLNN_ERR_RUNTIME_ERROR and leaves the timeline usable."""
+    from aclnn_iree.runtime import kernels, timeline
+    taken = []
+    real = timeline.Timeline.run_synchronous
+    monkeypatch.setattr(timeline.Timeline, "run_synchronous",
+                        lambda self, enqueue: taken.append(self) or real(self, enqueue))
+    monkeypatch.setattr(timeline.Timeline, "submit", lambda *a, **k: pytest.fail("submit on a synchronous device"))
+    api.grid_sampler_2d_backward(*gs_arrays(C=2, seed=30), device="local-sync")  # phase 1, kept
+    tl = api.thread_stream("local-sync").timeline
+    for seed in range(31, 35):
+        go, x, grid = gs_arrays(C=2, seed=seed)
+        before = tl.value
+        dx, dgrid = api.grid_sampler_2d_backward(go, x, grid, device="local-sync")
+        assert tl.value == before + 1 and not tl._inflight and tl._expect is None
+        want = R.grid_sampler_2d_backward(*(a.astype(np.float64) for a in (go, x, grid)), 0, 0, False)
+        assert_close(dx, want[0], np.float32)
+        assert_close(dgrid, want[1], np.float32)
+    assert len(taken) == 5 and set(taken) == {tl}
+
+    def refused(self, args, wait, signal):
+        raise RuntimeError("queue refused")
+    go, x, grid = gs_arrays(C=2, seed=35)
+    with monkeypatch.context() as m:
+        m.setattr(kernels.Kernel, "fenced_call", refused)
+        with pytest.raises(api.AclnnError) as e:
+            api.grid_sampler_2d_backward(go, x, grid, device="local-sync")
+    assert e.value.status == A.ACLNN_ERR_RUNTIME_ERROR and "queue refused" in str(e.value)
+    again = api.grid_sampler_2d_backward(go, x, grid, device="local-sync")  # the step was signalled
+    want = R.grid_sampler_2d_backward(*(a.astype(np.float64) for a in (go, x, grid)), 0, 0, False)
+    assert_close(again[0], want[0], np.float32)

@@ -495,11 +495,15 @@ class Launcher:
             return kernel.fenced_call(args, wait, signal)
         timeline = self._timeline
         try:
-            timeline.submit(enqueue, keep=(keep, self._own, workspace), estimate=estimate or None)
+            if estimate is False:  # a synchronous device: the launch runs the work, nothing is kept
+                done = timeline.run_synchronous(enqueue).wait
+            else:
+                timeline.submit(enqueue, keep=(keep, self._own, workspace), estimate=estimate)
+                done = timeline.synchronize
         except Exception as e:
             raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, f"launch failed: {e}") from None
         try:
-            timeline.synchronize()
+            done()
         except Exception as e:
             raise AclnnError(E.ACLNN_ERR_INNER, f"{type(e).__name__}: {e}") from None
 
