@@ -137,6 +137,29 @@ def test_environment_and_context_option(monkeypatch):
     assert status == ACLNN_ERR_PARAM_INVALID and ex is None and A.FORM_ENV in A.aclGetRecentErrMsg()
 
 
+def test_call_options_read_the_variable_as_it_is_now(monkeypatch):
+    """call_options (what keys the layers' repeated calls) reads ACLNN_IREE_FORM through
+    os.environ's own dict: every way of changing os.environ is seen at the next call, and an
+    object put in os.environ's place is asked as a mapping."""
+    import os
+    monkeypatch.setenv(A.FORM_ENV, " linalg ")  # stripped, as phase 1 reads it
+    assert A.call_options() == (False, "linalg")
+    os.environ.pop(A.FORM_ENV)
+    assert A.call_options() == (False, "tuned")
+    os.environ.update({A.FORM_ENV: "linalg"})
+    assert A.current_form() == "linalg"
+    with A.scoped_determinism(True), A.scoped_form("tuned"):  # the context's options win
+        assert A.call_options() == (True, "tuned")
+    os.environ[A.FORM_ENV] = ""
+    assert A.call_options() == (False, "tuned")
+    monkeypatch.setattr(os, "environ", {A.FORM_ENV: "linalg"})
+    assert A.call_options() == (False, "linalg")
+    os.environ[A.FORM_ENV] = "fastest"
+    with pytest.raises(AclnnError) as e:
+        A.call_options()
+    assert e.value.status == ACLNN_ERR_PARAM_INVALID and "'fastest'" in str(e.value)
+
+
 def test_a_context_destroyed_by_another_thread_is_no_longer_current(monkeypatch):
     """docs/aclnn.md: the threads a destroyed context was current on fall back to the default
     context, whichever thread destroyed it (seen: only the destroying thread's own current

@@ -58,7 +58,7 @@ __all__ = [
     "aclnnGridSampler2DGetWorkspaceSize", "aclnnGridSampler2D", "aclnnUpsampleBilinear2dGetWorkspaceSize",
     "aclnnUpsampleBilinear2d",
     "aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer",
-    "ACL_OPT_DETERMINISTIC", "ACLNN_IREE_OPT_FORM", "FORM_ENV", "KERNEL_FORMS", "current_form", "scoped_form",
+    "ACL_OPT_DETERMINISTIC", "ACLNN_IREE_OPT_FORM", "FORM_ENV", "KERNEL_FORMS", "current_form", "call_options", "scoped_form",
     "aclrtContext", "aclrtCreateContext", "aclrtSetCurrentContext",
     "aclrtGetCurrentContext", "aclrtDestroyContext", "aclrtCtxSetSysParamOpt", "aclrtCtxGetSysParamOpt",
 ]
@@ -739,6 +739,23 @@ def scoped_determinism(deterministic):
     return _scoped_option(ACL_OPT_DETERMINISTIC, None if deterministic is None else int(bool(deterministic)))
 
 
+# os.environ.get costs 0.6 us (it encodes the key and decodes the value), a tenth of a
+# repeated tiny call's host time over IREE's; the POSIX mapping's own dict, which os.environ's
+# setters and deleters keep up to date, answers the same in 0.02 us.  Another object put in
+# os.environ's place is asked as a mapping.
+_ENVIRON = os.environ
+_ENVIRON_DATA = getattr(os.environ, "_data", None) if os.name == "posix" else None
+_FORM_ENV_KEY = os.environ.encodekey(FORM_ENV) if isinstance(_ENVIRON_DATA, dict) else None
+
+
+def _form_env() -> str:
+    env = os.environ
+    if env is _ENVIRON and _FORM_ENV_KEY is not None:
+        raw = _ENVIRON_DATA.get(_FORM_ENV_KEY)
+        return "" if raw is None else env.decodevalue(raw)
+    return env.get(FORM_ENV, "")
+
+
 def current_form(context=None) -> str:
     """The kernel form phase 1 asks for ("tuned" or "linalg"): `context`'s (default: the
     calling thread's current context) ACLNN_IREE_OPT_FORM, else the environment variable
@@ -746,11 +763,21 @@ def current_form(context=None) -> str:
     value = (context or current_context()).options[ACLNN_IREE_OPT_FORM]
     if value is not None:
         return KERNEL_FORMS[value]
-    env = os.environ.get(FORM_ENV, "").strip()
+    env = _form_env()
+    if not env:
+        return "tuned"
+    env = env.strip()
     if env in ("", *KERNEL_FORMS):
         return env or "tuned"
     raise AclnnError(E.ACLNN_ERR_PARAM_INVALID, f"{FORM_ENV}={env[:100]!r} is not a kernel form; "
                                                  f"use one of {', '.join(KERNEL_FORMS)} or unset it")
+
+
+def call_options() -> tuple:
+    """(deterministic, form) of the calling thread's current context, as phase 1 reads them
+    (ACL_OPT_DETERMINISTIC as a bool, current_form): what keys a layer's repeated call."""
+    context = current_context()
+    return bool(context.options[ACL_OPT_DETERMINISTIC]), current_form(context)
 
 
 def _form(target) -> str:

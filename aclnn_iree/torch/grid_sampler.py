@@ -38,7 +38,7 @@ def grid_sampler_backward(name, grad_output, input, grid, interpolation_mode, pa
     mask = (bool(output_mask[0]), bool(output_mask[1]))
     # determinism and form read once: the key's are the ones the first call's phase 1 takes, so a
     # plan never runs another form than its key says (ACLNN_IREE_FORM may change meanwhile)
-    deterministic, form = api.current_determinism(), A.current_form()
+    deterministic, form = A.call_options()
     key = (OPERATOR.name, name, go.shape, x.shape, g.shape, go.dtype, x.dtype, g.dtype, mode, padding, align_corners, mask,
            deterministic, form)
     # empty_like of the contiguous x and g (contiguous too): a third of torch.empty's host
