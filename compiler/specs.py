@@ -56,6 +56,29 @@ UPSAMPLE_SAME_CHUNK = 16384
 # otherwise.  Both give the same bits.  Measured (2 x C x 250 x 370, 2 threads, random grid):
 # C = 1: 2.1 vs 7.1 ms, 8: 6.1 vs 10.9 ms, 16: 23 vs 17 ms (docs/kernel-design.md).
 DGRID_POINTS_MAX_CHANNELS = 8
+# ... and, bilinear, for any channel count up to this many grad_output elements (N C H_out W_out):
+# below it both passes' fixed costs outweigh the slot pass's gain (@grid_runs, the block pass
+# and the partial sums against one pass, no workspace).  Measured, alternating in one
+# process (Xeon, 2 vCPUs), slot pass (with @grid_runs) / point pass: 2 x 30 x 15 x 23 (the
+# stereo demo's coarsest level) 55 / 26 us on one thread, smooth or random grid; 2 x 30 x 31
+# x 46, 2 threads: 76 / 73 (smooth), 141 / 99 (random); 4 x 64 x 32 x 32: 222 / 228, 433 /
+# 307; 2 x 30 x 62 x 92 (342 k): 312 / 293, 479 / 433; 2 x 30 x 88 x 130 (686 k): 508 / 517,
+# 831 / 896; 2 x 30 x 125 x 185 random: 1.7 / 6.1 ms.  Bicubic's point pass lost on random
+# grids from 2 x 16 x 32 x 32 (130 / 151 us): none there.
+DGRID_POINTS_MAX_ELEMENTS = {"bilinear": 262144}
+
+
+def dgrid_point_parallel(mode: str, channels: int, elements=None) -> bool:
+    """Whether a CPU call of grad_grid alone takes the point-parallel pass (`..._dgrid_points`)
+    rather than the slot pass: at most DGRID_POINTS_MAX_CHANNELS channels, or at most
+    DGRID_POINTS_MAX_ELEMENTS[mode] grad_output elements (None: not known, the channels
+    decide); never nearest (its grad_grid is 0)."""
+    if mode == "nearest":
+        return False
+    most = DGRID_POINTS_MAX_ELEMENTS.get(mode)
+    return channels <= DGRID_POINTS_MAX_CHANNELS or (most is not None and elements is not None and elements <= most)
+
+
 # Both gradients on CPUs: one block pass with a dx-only slot that also computes grad_grid
 # point-parallel from the same coordinates (`<kernel>_points`: the same bits) from 3 up to
 # this many channels, where the fused pass's grid-gradient taps of a slot of few channels
@@ -74,7 +97,7 @@ GPU_CHANNEL_BLOCK = 256
 # workspace by compiler.build.calls_record; docs/embedding.md): which exported function the
 # runtime calls for a call's shapes and output mask, and each function's arguments in order,
 # for hosts that have only the modules, the manifest and IREE's runtime.
-CALLS_SCHEMA = 1
+CALLS_SCHEMA = 2  # 2: the "elements_at_most" condition
 # The arguments after the tensors: the workspace (iree.abi.transients) and the coarse-fences ABI's fences.
 _WORKSPACE_AND_FENCES = ({"name": "workspace", "role": "workspace", "type": "!hal.buffer"},
                          {"name": "wait_fence", "role": "wait_fence", "type": "!hal.fence"},
@@ -257,15 +280,16 @@ class GridSamplerSpec(KernelSpec):
         return self._name(self.interpolation_mode, self.padding_mode)
 
     def function_name(self, output_mask=(True, True), deterministic: bool = False, target=None,
-                      channels=None) -> str:
+                      channels=None, elements=None) -> str:
         """The exported function computing the outputs selected by `output_mask`.
 
         CPU modules are always deterministic.  GPU modules (`target.is_gpu`) export
         the dx-computing functions twice: the default (float atomics where the target
         has them) and `..._deterministic` (a fixed summation order), picked by
-        `deterministic`.  dgrid alone is deterministic everywhere; on CPUs with at most
-        DGRID_POINTS_MAX_CHANNELS `channels` it is `..._dgrid_points` (the same bits,
-        no workspace), and both outputs with SPLIT_POINTS_CHANNELS `channels` are
+        `deterministic`.  dgrid alone is deterministic everywhere; on CPUs, where
+        dgrid_point_parallel says so for `channels` and `elements` (grad_output's; None:
+        unknown, channels alone decide) it is `..._dgrid_points` (the same bits, no
+        workspace), and both outputs with SPLIT_POINTS_CHANNELS `channels` are
         `<kernel>_points` (one pass: dx through a dx-only slot, grad_grid point-parallel
         from the same coordinates; the same bits).
         """
@@ -277,7 +301,7 @@ class GridSamplerSpec(KernelSpec):
         if deterministic and mask[0] and gpu:
             suffix += "_deterministic"
         if not gpu and self.interpolation_mode != "nearest" and channels is not None and (
-                (mask == (False, True) and channels <= DGRID_POINTS_MAX_CHANNELS)
+                (mask == (False, True) and dgrid_point_parallel(self.interpolation_mode, channels, elements))
                 or (mask == (True, True) and channels in SPLIT_POINTS_CHANNELS)):
             suffix += "_points"
         return self.kernel_name + suffix
@@ -330,6 +354,9 @@ class GridSamplerSpec(KernelSpec):
                 assert points.step == 1
                 if len(points):
                     forms.append(({"range": {"C": [points.start, points.stop - 1]}}, "_points"))
+                most = DGRID_POINTS_MAX_ELEMENTS.get(self.interpolation_mode)
+                if mask == (False, True) and most is not None:
+                    forms.append(({"elements_at_most": [["N", "C", "H_out", "W_out"], most]}, "_points"))
             forms.append(({}, ""))
             base = self.function_name(mask, target=target)
             for condition, suffix in forms:

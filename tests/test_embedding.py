@@ -121,6 +121,7 @@ def test_grid_sampler_runs_in_iree_run_module(tmp_path, monkeypatch, function_su
     from aclnn_iree.compiler import specs
     # phase 1 sizes the workspace of the function it picks: the slot pass for "_dgrid" here
     monkeypatch.setattr(specs, "DGRID_POINTS_MAX_CHANNELS", 10 ** 6 if function_suffix == "_dgrid_points" else 0)
+    monkeypatch.setattr(specs, "DGRID_POINTS_MAX_ELEMENTS", {})
     monkeypatch.setattr(specs, "SPLIT_POINTS_CHANNELS", range(10 ** 6) if function_suffix == "_points" else range(0))
     spec = GridSamplerSpec("bilinear", "border", False, "float32")
     st = shared_store
@@ -302,9 +303,10 @@ def test_doc_grid_sampler_backward(tmp_path, shared_store, C, mask):
               "grad_input0.npy": np.full(x.shape, 7, np.float32), "grad_grid0.npy": np.full(grid.shape, 7, np.float32)}
     shapes = {"gradOutput": go.shape, "input": x.shape, "grid": grid.shape}
     function, got = _doc_case(shared_store, tmp_path, spec, arrays, shapes, mask)
-    assert function == spec.function_name(mask, target=TARGET, channels=C)  # the runtime's choice
+    assert function == spec.function_name(mask, target=TARGET, channels=C, elements=go.size)  # the runtime's choice
+    points = C <= 8 or (spec.interpolation_mode == "bilinear" and go.size <= 262144)
     want_suffix = {(T, T): "_points" if 3 <= C <= 6 else "", (T, F): "_dx",
-                   (F, T): "_dgrid_points" if C <= 8 else "_dgrid"}[mask]
+                   (F, T): "_dgrid_points" if points else "_dgrid"}[mask]
     assert function == spec.kernel_name + want_suffix
     ref = torch.ops.aten.grid_sampler_2d_backward(torch.from_numpy(go), torch.from_numpy(x), torch.from_numpy(grid),
                                                   0, 0, False, list(mask))
@@ -380,7 +382,7 @@ def test_doc_blocks_pass_what_the_record_says(shared_store):
     named = set()
     for spec in DOC_SPECS:
         calls = _entry(shared_store, spec)["calls"]
-        assert calls["schema"] == 1
+        assert calls["schema"] == 2
         rule_functions = {r["function"] for r in calls["rules"] if r["function"] is not None}
         assert rule_functions == set(calls["functions"]) <= set(spec.function_names(TARGET))
         named |= rule_functions
@@ -452,13 +454,16 @@ def _check_binding(binding, calls, chosen, names):
 
 
 @pytest.mark.parametrize("target_name", ["llvm-cpu", "cuda"])
-def test_calls_rules_are_the_runtimes_choice(target_name):
+def test_calls_rules_are_the_runtimes_choice(target_name, monkeypatch):
     """The record's rules, evaluated by the page's `choose`, pick what the runtime's phase 1
     (each operator's bind) picks: every mask, channel counts 0-18, empty shapes, the
-    deterministic option, every interpolation mode, CPU and GPU modules."""
+    deterministic option, every interpolation mode, CPU and GPU modules; the point pass's
+    element bound lowered to 300 so that these shapes fall on both sides of it and on it."""
+    from aclnn_iree.compiler import specs
     from aclnn_iree.ops import grid_sampler as gs, grid_sampler_forward as gsf, upsample as up
     from aclnn_iree.ops import upsample_forward as upf
-    choose, target = _doc_choose(), get_target(target_name)
+    choose, target = _doc_choose(), get_target(target_name)  # (its block's examples: the real bound)
+    monkeypatch.setattr(specs, "DGRID_POINTS_MAX_ELEMENTS", {"bilinear": 300})  # 2 x 10 x 3 x 5: on it
     for code, mode in enumerate(("bilinear", "nearest", "bicubic")):
         spec = GridSamplerSpec(mode, "zeros", False, "float32")
         calls = spec.calls(target)

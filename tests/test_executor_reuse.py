@@ -377,11 +377,14 @@ def test_inline_and_threaded_runs_agree_bitwise(mode, pad, ac, monkeypatch):
 
 # ----------------------------------------------------------------------------- grid_runs
 @pytest.mark.parametrize("smooth", [True, False], ids=["warp", "scattered"])
-def test_grid_gradient_alone_takes_the_point_pass_for_a_smooth_grid(stream, smooth):
-    """grad_grid alone with more than 8 channels: @grid_runs sends a smooth grid (a warp) to
-    the point-parallel pass, which leaves the slots and partial sums in the workspace
-    untouched (only the 64-byte unit of its verdict is written), and a scattered one to
-    the slot pass, which writes them; both give the reference's gradient."""
+def test_grid_gradient_alone_takes_the_point_pass_for_a_smooth_grid(stream, smooth, monkeypatch):
+    """grad_grid alone with more than 8 channels, of more elements than the point pass takes
+    whole (here: any): @grid_runs sends a smooth grid (a warp) to the point-parallel pass,
+    which leaves the slots and partial sums in the workspace untouched (only the 64-byte
+    unit of its verdict is written), and a scattered one to the slot pass, which writes
+    them; both give the reference's gradient."""
+    from aclnn_iree.compiler import specs
+    monkeypatch.setattr(specs, "DGRID_POINTS_MAX_ELEMENTS", {})
     rng = np.random.default_rng(8)
     N, C, H, W = 2, 12, 20, 40
     x = rng.standard_normal((N, C, H, W)).astype(np.float32)

@@ -127,6 +127,10 @@ def test_grid_sampler_kernel_names_exact(args, name):
     # grad_grid alone with few channels: the point-parallel pass on CPUs
     assert spec.function_name((False, True), channels=8) == (name + "_dgrid" if not points else points[0])
     assert spec.function_name((False, True), channels=9) == name + "_dgrid"
+    # ... and, bilinear, with few grad_output elements
+    small = name + "_dgrid_points" if args[0] == "bilinear" else name + "_dgrid"
+    assert spec.function_name((False, True), channels=30, elements=262144) == small
+    assert spec.function_name((False, True), channels=30, elements=262145) == name + "_dgrid"
     assert spec.function_name((True, True), channels=1) == name
     # both gradients with 3-6 channels: dx alone, then the point-parallel grad_grid pass
     for c in (3, 6):

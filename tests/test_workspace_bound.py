@@ -40,6 +40,18 @@ COMBOS = [(m, p, a) for m in (0, 1, 2) for p in (0, 1, 2) for a in (False, True)
 ALIGN = 64  # IREE's unit for a transient buffer on CPUs
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _slot_pass_whatever_the_size():
+    """This file checks the slot pass's workspace bound: grad_grid alone of more than
+    DGRID_POINTS_MAX_CHANNELS channels takes it here whatever its size, not the
+    point-parallel pass that small calls take (DGRID_POINTS_MAX_ELEMENTS)."""
+    from aclnn_iree.runtime import kernels
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(specs, "DGRID_POINTS_MAX_ELEMENTS", {})
+        mp.setattr(kernels, "generation", kernels.generation + 1)  # no executor kept from before
+        yield
+
+
 def _units(nbytes):
     """`nbytes` in whole ALIGN-byte units, as IREE places a transient buffer."""
     return -(-nbytes // ALIGN) * ALIGN

@@ -106,7 +106,7 @@ def bind(gradOutput, input, grid, interpolationMode, paddingMode, alignCorners, 
         return Binding(zero_fill=outputs)
     spec = GridSamplerSpec(INTERPOLATION_NAMES[interpolationMode], PADDING_NAMES[paddingMode], bool(alignCorners),
                            dtype_name(input.dtype))
-    function = spec.function_name(mask, deterministic, target, channels=input.shape[1])
+    function = spec.function_name(mask, deterministic, target, channels=input.shape[1], elements=gradOutput.size)
     return Binding(spec, function, (gradOutput, input, grid) + outputs)
 
 

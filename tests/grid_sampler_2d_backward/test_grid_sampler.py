@@ -1130,8 +1130,8 @@ def _warp_case(rng, shape, ac):
 @pytest.mark.parametrize("mode,pad,ac,dtype", POINT_PASS_CASES,
                          ids=[f"{MODE_NAMES[m]}-{PAD_NAMES[p]}-ac{int(ac)}-{dt}" for m, p, ac, dt in POINT_PASS_CASES])
 def test_dgrid_point_pass_has_the_slot_pass_bits(device, monkeypatch, mode, pad, ac, dtype):
-    """CPUs compute grad_grid alone with few channels in the point-parallel pass, dgrid_points (a point per lane, no
-    workspace) and otherwise in the slot pass; the same block order, the same channel
+    """CPUs compute grad_grid alone with few channels or few elements (bilinear) in the point-parallel pass,
+    dgrid_points (a point per lane, no workspace), and otherwise in the slot pass; the same block order, the same channel
     order, the same roundings: the same bits, also as the two-output call's grad_grid."""
     if is_gpu(device):
         pytest.skip("the point-parallel pass is the CPU's")
@@ -1141,6 +1141,7 @@ def test_dgrid_point_pass_has_the_slot_pass_bits(device, monkeypatch, mode, pad,
         outs = {}
         for limit, path in ((0, "slots"), (10 ** 6, "points")):
             _choose(monkeypatch, specs, "DGRID_POINTS_MAX_CHANNELS", limit)
+            _choose(monkeypatch, specs, "DGRID_POINTS_MAX_ELEMENTS", {} if limit == 0 else {"bilinear": 1 << 62})
             outs[path] = gsb(go, x, grid, mode, pad, ac, (False, True))[1]
         both = gsb(go, x, grid, mode, pad, ac, (True, True))[1]
         for a in (outs["points"], both):
