@@ -267,3 +267,65 @@ def test_a_call_takes_one_form_for_its_plan_and_its_kernel(general, monkeypatch,
         assert torch.all(y == 0), f"a call keyed by the linalg form ran the tuned kernel: {y.flatten()[:4]}"
     monkeypatch.setattr(A, "os", type("os", (), {"environ": _FlippingEnviron(["tuned"])}))
     assert torch.all(run() == tiny), "the tuned form keeps subnormals"
+
+
+def test_repeated_calls_compute_on_the_inputs_device_whatever_the_default_device(general):
+    """A default device set by torch.set_default_device or a `with torch.device(...)` block does
+    not move a repeated call's output off its CPU inputs: each call gives F's result on the CPU,
+    NCHW and channels_last (the plan's output once landed on the default device and was
+    imported as host memory: a segfault with "meta")."""
+    import torch.nn.functional as F
+    x, grid, _ = _grid_calls(torch.float32, seed=9)
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        xf = x.contiguous(memory_format=fmt)
+        want = (F.interpolate(xf, size=(7, 9), mode="bilinear"), F.grid_sample(xf, grid, align_corners=False))
+        for block in range(3):
+            with torch.device("meta"):
+                got = (AT.interpolate(xf, size=(7, 9), mode="bilinear"), AT.grid_sample(xf, grid, align_corners=False))
+            for g, w in zip(got, want):
+                assert g.device.type == "cpu"
+                torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
+    # the first call of each layout of interpolate and one of grid_sample (which reads its input
+    # contiguous: both layouts share its plan); the rest ran their plans
+    assert sorted(general) == ["run_grid_sampler_forward"] + ["run_upsample_forward"] * 2
+
+
+def test_a_subclass_input_gets_the_same_result_type_every_call(general):
+    """A torch.Tensor subclass (no __torch_dispatch__) gets the same result type from every call,
+    the first (the general path) and the repeated ones (the plan) alike: it once got a plain
+    tensor first, then its own class (Tensor.new_empty takes its __torch_function__)."""
+    class Marked(torch.Tensor):
+        pass
+    x, grid, go = _grid_calls(torch.float32, seed=10)
+    xs = x.as_subclass(Marked)
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        xf = xs.contiguous(memory_format=fmt)
+        for call in (lambda: AT.grid_sample(xf, grid, align_corners=False),
+                     lambda: AT.interpolate(xf, size=(7, 9), mode="bilinear")):
+            kinds = [type(call()) for _ in range(3)]
+            assert len(set(kinds)) == 1, kinds
+
+
+def test_wrapper_subclasses_reach_their_own_dispatch():
+    """A tensor subclass with its own __torch_dispatch__ (TwoTensor: a wrapper holding two
+    tensors, with no memory of its own) goes through the op, so the dispatcher hands it to the
+    subclass, which runs our kernels on each inner tensor: forward and backward give F's
+    results in both halves (the functions once imported the wrapper's null pointer: a
+    segfault)."""
+    import torch.nn.functional as F
+    two = pytest.importorskip("torch.testing._internal.two_tensor")
+    x, grid, _ = _grid_calls(torch.float32, seed=11)
+    for call in (lambda m, a, g: m.grid_sample(a, g, align_corners=False),
+                 lambda m, a, g: m.interpolate(a, size=(7, 9), mode="bilinear")):
+        for _ in range(2):  # the first call of the signature and a repeated one
+            X = two.TwoTensor(x.clone(), x.clone()).requires_grad_()
+            y = call(AT, X, grid)
+            assert type(y) is two.TwoTensor
+            y.sum().backward()
+            xr = x.clone().requires_grad_()
+            want = call(F, xr, grid)
+            want.sum().backward()
+            for half in (y.a, y.b):
+                torch.testing.assert_close(half, want, rtol=0, atol=1e-6)
+            for half in (X.grad.a, X.grad.b):
+                torch.testing.assert_close(half, xr.grad, rtol=1e-5, atol=1e-5)

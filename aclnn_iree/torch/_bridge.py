@@ -299,7 +299,7 @@ class Plan:
                 views.append(None)
                 continue
             address = t.data_ptr()
-            if address % HOST_ALIGNMENT:
+            if address % HOST_ALIGNMENT or not t.is_cpu:  # (a CPU tensor's bytes, never another device's)
                 return False
             views.append(HalBufferView(host_import(spec[0].from_address(address), HOST_MEMORY_TYPE, HOST_BUFFER_USAGE),
                                        spec[1], element))

@@ -36,12 +36,23 @@ def masked(t: Optional[Tensor], like: Tensor) -> Tensor:
     return t if t is not None else like.new_empty(0)
 
 
-def _direct() -> bool:
-    """Whether a call may go straight to an op's Python kernel, as its dispatcher would: in eager
-    mode, with no dispatch mode active (FakeTensorMode, FlopCounterMode and the like see the op
-    instead); while dynamo traces, the op (a custom op call in its graph)."""
+_PLAIN_DISPATCH = Tensor.__torch_dispatch__
+
+
+def _direct(args) -> bool:
+    """Whether a call with arguments `args` may go straight to an op's Python kernel, as its
+    dispatcher would: in eager mode, with no dispatch mode active (FakeTensorMode,
+    FlopCounterMode and the like see the op instead) and no tensor of a subclass with its own
+    __torch_dispatch__ (a wrapper such as TwoTensor, whose own memory is none: the
+    dispatcher hands the op to the subclass); while dynamo traces, the op (a custom op call in
+    its graph)."""
     # is_compiling() first: dynamo folds it, and cannot trace the dispatch-stack query
-    return not torch.compiler.is_compiling() and not torch._C._len_torch_dispatch_stack()
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
+        return False
+    for a in args:
+        if type(a) is not Tensor and isinstance(a, Tensor) and type(a).__torch_dispatch__ is not _PLAIN_DISPATCH:
+            return False
+    return True
 
 
 def below_autograd(op, kernel, *args):
@@ -54,7 +65,7 @@ def below_autograd(op, kernel, *args):
     traces, the op (its graph is differentiated by AOTAutograd, not by this call)."""
     if torch.is_grad_enabled() or torch.compiler.is_compiling():  # dynamo cannot trace the guard below
         return op(*args)
-    if _direct():
+    if _direct(args):
         return kernel(*args)
     with torch._C._AutoDispatchBelowAutograd():
         return op(*args)
@@ -73,7 +84,7 @@ def autograd_function(name, forward_op, kernel, setup_context, backward):
     _direct() allows, the op's Python `kernel` itself (what its dispatcher would call: ~8 us
     less a call), else the op."""
     def forward(ctx, *inputs):
-        output = kernel(*inputs) if _direct() else forward_op(*inputs)
+        output = kernel(*inputs) if _direct(inputs) else forward_op(*inputs)
         setup_context(ctx, inputs, output)
         return output
     return type(name, (torch.autograd.Function,), {"forward": staticmethod(forward),

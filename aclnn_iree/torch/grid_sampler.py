@@ -67,8 +67,9 @@ def grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, al
     key = (FORWARD.name, name, x.shape, g.shape, x.dtype, g.dtype, mode, padding, align_corners, form)
     plan = B.plan(key)
     if plan is not None:
-        # new_empty: torch.empty's host time less a quarter
-        out = x.new_empty((x.shape[0], x.shape[1], g.shape[1], g.shape[2]))
+        # on the input's device, not the default one (torch.set_default_device); a plain tensor
+        # (new_empty would take a subclass's __torch_function__, which the first call does not)
+        out = torch.empty((x.shape[0], x.shape[1], g.shape[1], g.shape[2]), dtype=x.dtype, device=x.device)
         if plan((x, g), (out,)):
             return out
     shape = (x.shape[0], x.shape[1], g.shape[1], g.shape[2]) if x.dim() == 4 and g.dim() == 4 else (0, 0, 0, 0)

@@ -39,9 +39,7 @@ def upsample_backward(name, grad_output, output_size, input_size, align_corners,
     align_corners = bool(align_corners)
     form = A.current_form()  # once: the key's is the one phase 1 takes (grid_sampler.grid_sampler_backward)
     key = (OPERATOR.name, name, go.shape, go.dtype, nhwc, osz, (N, C, H, W), align_corners, scales_h, scales_w, form)
-    # new_empty where it can: torch.empty's host time less a quarter
-    out = (torch.empty((N, C, H, W), dtype=go.dtype, device=go.device, memory_format=fmt) if nhwc
-           else go.new_empty((N, C, H, W)))
+    out = torch.empty((N, C, H, W), dtype=go.dtype, device=go.device, memory_format=fmt)
     plan = B.plan(key)
     if plan is not None and (plan((go.permute(0, 2, 3, 1),), (out.permute(0, 2, 3, 1),)) if nhwc
                              else plan((go,), (out,))):
@@ -75,8 +73,8 @@ def upsample_forward(name, input, output_size, align_corners, scales_h, scales_w
     key = (FORWARD.name, name, x.shape, x.dtype, nhwc, osz, align_corners, scales_h, scales_w, form)
     plan = B.plan(key)
     if plan is not None:
-        shape = (x.shape[0], x.shape[1], *osz)  # new_empty: torch.empty's host time less a quarter
-        out = torch.empty(shape, dtype=x.dtype, memory_format=fmt) if nhwc else x.new_empty(shape)
+        # on the input's device, not the default one (torch.set_default_device)
+        out = torch.empty((x.shape[0], x.shape[1], *osz), dtype=x.dtype, device=x.device, memory_format=fmt)
         if plan((x.permute(0, 2, 3, 1),), (out.permute(0, 2, 3, 1),)) if nhwc else plan((x,), (out,)):
             return out
     valid = x.dim() == 4 and len(osz) == 2 and min(osz) >= 0
