@@ -152,6 +152,11 @@ def test_call_options_read_the_variable_as_it_is_now(monkeypatch):
         assert A.call_options() == (True, "tuned")
     os.environ[A.FORM_ENV] = ""
     assert A.call_options() == (False, "tuned")
+    monkeypatch.setattr(os.environ, "_data", dict(os.environ._data))  # a new dict behind os.environ
+    os.environ[A.FORM_ENV] = "linalg"
+    assert A.call_options() == (False, "linalg")
+    os.environ[A.FORM_ENV] = "tuned"
+    assert A.call_options() == (False, "tuned")
     monkeypatch.setattr(os, "environ", {A.FORM_ENV: "linalg"})
     assert A.call_options() == (False, "linalg")
     os.environ[A.FORM_ENV] = "fastest"
