@@ -192,9 +192,11 @@ def test_plans_are_per_thread_and_forget_unloaded_modules(general):
 
 
 def test_a_failed_launch_forgets_its_plan(general, monkeypatch):
-    """A launch that fails raises AclnnError and takes its plan with it (its stream failed for
-    good): the next call makes a new stream and plan, and computes."""
+    """A launch that fails raises AclnnError and takes the thread's plans with it (their stream
+    failed for good): the next call of each signature makes a new stream and plan, and
+    computes (another signature's plan once failed once more on the old stream)."""
     x, grid, _ = _grid_calls(torch.float32, seed=5)
+    up = _np(OPS.upsample_bilinear2d(x, [7, 9], False, None, None)).copy()  # a second signature's plan
     want = _np(OPS.grid_sampler_2d(x, grid, 1, 0, False)).copy()
     real = kernels.Kernel.fenced_call
 
@@ -205,8 +207,9 @@ def test_a_failed_launch_forgets_its_plan(general, monkeypatch):
     monkeypatch.setattr(kernels.Kernel, "fenced_call", failing)
     with pytest.raises(AclnnError, match="launch failed"):
         OPS.grid_sampler_2d(x, grid, 1, 0, False)
+    _bits(_np(OPS.upsample_bilinear2d(x, [7, 9], False, None, None)), up, "the other signature after it")
     _bits(_np(OPS.grid_sampler_2d(x, grid, 1, 0, False)), want, "after the failure")
-    assert general == ["run_grid_sampler_forward"] * 2
+    assert general == ["run_upsample_forward", "run_grid_sampler_forward"] * 2
 
 
 def test_dispatch_modes_see_our_ops():

@@ -253,8 +253,9 @@ class Plan:
     alignment, an empty tensor, modules unloaded since).  inputs: contiguous CPU tensors in
     aclnn's order, in the kernel's layout (an NHWC tensor as its (N, H, W, C) permutation);
     outputs: fresh tensors from torch.empty (None for a masked-out output).  Raises
-    AclnnError when the launch fails, and is then forgotten (the stream it launched on
-    failed for good: the next call takes the general path, which makes a new one).  The
+    AclnnError when the launch fails; the thread's plans are then forgotten (the stream they
+    launch on may have failed for good: the next calls take the general path, which makes a
+    new one where it did).  The
     launch is a torch.profiler event named `event` while a profiler records."""
 
     __slots__ = ("_key", "_run", "_generation", "_from_dlpack", "_import", "_element_type", "_outputs", "_event")
@@ -309,7 +310,7 @@ class Plan:
                     self._run(views, (inputs, outputs))
             else:
                 self._run(views, (inputs, outputs))
-        except AclnnError:
-            _tls.plans.pop(self._key, None)
+        except AclnnError:  # its stream may have failed for good, and the thread's other plans launch on it too
+            _tls.plans.clear()
             raise
         return True
