@@ -151,7 +151,8 @@ class Timeline:
             signal = rt.HalFence.create_at(self.semaphore, v)
             self._queue(ticket, enqueue(rt.HalFence.create_at(self.semaphore, v - 1), signal))
         except BaseException as e:
-            if ticket.value and not ticket.queued:  # as in submit
+            # as in submit, inline: a call before the ticket is recorded would let a second interrupt in
+            if ticket.value and not ticket.queued:
                 self._owed.append(ticket)
                 ticket.why = f"{type(e).__name__}: {e}"
                 self._settle()

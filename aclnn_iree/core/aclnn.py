@@ -58,7 +58,8 @@ __all__ = [
     "aclnnGridSampler2DGetWorkspaceSize", "aclnnGridSampler2D", "aclnnUpsampleBilinear2dGetWorkspaceSize",
     "aclnnUpsampleBilinear2d",
     "aclTensor", "aclIntArray", "aclBoolArray", "aclrtStream", "aclrtBuffer",
-    "ACL_OPT_DETERMINISTIC", "ACLNN_IREE_OPT_FORM", "FORM_ENV", "KERNEL_FORMS", "current_form", "call_options", "scoped_form",
+    "ACL_OPT_DETERMINISTIC", "ACLNN_IREE_OPT_FORM", "FORM_ENV", "KERNEL_FORMS", "current_form", "call_options",
+    "scoped_form",
     "aclrtContext", "aclrtCreateContext", "aclrtSetCurrentContext",
     "aclrtGetCurrentContext", "aclrtDestroyContext", "aclrtCtxSetSysParamOpt", "aclrtCtxGetSysParamOpt",
 ]

@@ -255,8 +255,8 @@ class Plan:
     outputs: fresh tensors from torch.empty (None for a masked-out output).  Raises
     AclnnError when the launch fails; the thread's plans are then forgotten (the stream they
     launch on may have failed for good: the next calls take the general path, which makes a
-    new one where it did).  The
-    launch is a torch.profiler event named `event` while a profiler records."""
+    new one where it did).  The launch is a torch.profiler event named `event` while a
+    profiler records."""
 
     __slots__ = ("_key", "_run", "_generation", "_from_dlpack", "_import", "_element_type", "_outputs", "_event")
 
