@@ -59,11 +59,19 @@ class Timeline:
         self.device = device
         self.semaphore = device.hal.create_semaphore(0)
         self.value = 0  # the value the last submission signals
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler runs on the thread it interrupts, at a call or a backward
+        # jump of the code there, which may hold this lock (_prune's loop); a handler's call into
+        # this timeline then goes on, where a plain lock waited for itself forever.  _take holds
+        # it with neither, so no handler runs between its reading and its advancing the value.
+        self._lock = threading.RLock()
         self._inflight = collections.deque()  # (signal value, objects the work touches), in order
         self._expect = None  # (signal value, launch time, Estimate) of the last timed submission
         self._owed = collections.deque()  # _Tickets of interrupted submissions, oldest first
         self._settle_lock = threading.RLock()
+        # {thread id: its last _Ticket from submit or run_synchronous}: a signal handler's call on
+        # a thread whose own submission took its value and has not queued yet would wait for
+        # that one forever (its work waits for the value before its own); it is refused instead
+        self._queuing = {}
         # A synchronous device's work has run when its queueing call returns: nothing to keep.
         self._keeps = not device.synchronous
 
@@ -77,14 +85,28 @@ class Timeline:
         v = ticket.value
         return rt.HalFence.create_at(self.semaphore, v - 1), rt.HalFence.create_at(self.semaphore, v), v
 
-    def _take(self, ticket, keep):
+    def _take(self, ticket, keep, queuing=False):
         """Advances the timeline by one value for `ticket` (recorded in the same statement, so
-        no signal handler runs between the two); `keep` stays referenced until it is reached."""
-        with self._lock:
-            v = self.value + 1
-            if keep and self._keeps:
-                self._inflight.append((v, keep))
-            self.value = ticket.value = v
+        no signal handler runs between the two); `keep` stays referenced until it is reached.
+        `queuing`: the caller queues the work itself next (submit, run_synchronous); raises
+        RuntimeError where this thread's previous such submission took its value and has not
+        queued yet (this call is a signal handler's, run in the middle of it: its work would
+        wait for that value, which comes only after the handler returns)."""
+        me = threading.get_ident() if queuing else None
+        with self._lock:  # no calls and no loops in here (see __init__)
+            taken = self._queuing
+            prior = taken[me] if queuing and me in taken else None
+            refused = prior is not None and prior.value and not prior.queued and prior not in self._owed
+            if not refused:
+                v = self.value + 1
+                if keep and self._keeps:
+                    self._inflight += ((v, keep),)
+                if queuing:
+                    taken[me] = ticket
+                self.value = ticket.value = v
+        if refused:
+            raise RuntimeError("called from a signal handler while this thread's own call on the same stream was "
+                               "being queued: it would wait for that call forever")
 
     @staticmethod
     def _queue(ticket, call):
@@ -116,7 +138,7 @@ class Timeline:
         self._prune()
         ticket = _Ticket()
         try:
-            self._take(ticket, keep)
+            self._take(ticket, keep, queuing=True)
             v = ticket.value
             wait = rt.HalFence.create_at(self.semaphore, v - 1)
             signal = rt.HalFence.create_at(self.semaphore, v)
@@ -146,7 +168,7 @@ class Timeline:
             self._settle()
         ticket = _Ticket()
         try:
-            self._take(ticket, ())
+            self._take(ticket, (), queuing=True)
             v = ticket.value
             signal = rt.HalFence.create_at(self.semaphore, v)
             self._queue(ticket, enqueue(rt.HalFence.create_at(self.semaphore, v - 1), signal))

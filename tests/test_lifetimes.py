@@ -393,3 +393,53 @@ def test_a_second_interrupt_while_the_first_is_handled_never_wedges_the_stream()
         print("ok")
     """, timeout=60)
     assert "interrupted second first" in out and out.strip().endswith("ok"), out
+
+
+@pytest.mark.parametrize("device", ["local-sync", "local-task"])
+def test_a_signal_handlers_call_in_the_middle_of_a_call_is_refused_not_a_hang(device):
+    """A signal handler that calls an op on the thread it interrupted, while that thread's own
+    call had taken its step of the stream and not yet queued its work, would wait for that call
+    forever (it hung: the handler's work waits for the interrupted call's step, which comes only
+    after the handler returns).  It is refused with ACLNN_ERR_RUNTIME_ERROR and a message that
+    says why; every call that returns computes the right values, and the stream works after."""
+    out = run_child(f"""
+        import random, signal, time
+        import numpy as np
+        from aclnn_iree.core import api
+        from aclnn_iree.core.errors import AclnnError
+        from aclnn_iree.ops import reference as R
+        go = np.random.default_rng(0).standard_normal((1, 2, 8, 8)).astype(np.float32)
+        want = R.upsample_bilinear2d_backward(go.astype(np.float64), (8, 8), (1, 2, 4, 4), False)
+        call = lambda: api.upsample_bilinear2d_backward(go, (8, 8), (1, 2, 4, 4), device="{device}")
+        call()
+        rng, counts, busy = random.Random(2), dict(ok=0, refused=0, bad=0), [False]
+
+        def check(f):
+            try:
+                got = f()
+            except AclnnError as e:
+                assert e.status == 361001 and "signal handler" in str(e), e
+                counts["refused"] += 1
+                return
+            counts["ok" if np.allclose(got, want, rtol=1e-5, atol=1e-6) else "bad"] += 1
+
+        def handler(signum, frame):
+            if not busy[0]:
+                busy[0] = True
+                try:
+                    check(call)
+                finally:
+                    busy[0] = False
+            signal.setitimer(signal.ITIMER_REAL, rng.uniform(5e-6, 100e-6))
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, 50e-6)
+        end = time.monotonic() + 2  # (before the fix a run hung within a fraction of a second)
+        while time.monotonic() < end:
+            check(call)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        check(call)
+        assert counts["bad"] == 0, counts
+        print("refused", counts["refused"], "ok", counts["ok"])
+    """, timeout=120)
+    assert int(out.split()[-1]) > 100, out  # calls completed (refusals need a signal at the right bytecode)

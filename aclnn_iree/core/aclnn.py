@@ -501,6 +501,8 @@ class Launcher:
             else:
                 timeline.submit(enqueue, keep=(keep, self._own, workspace), estimate=estimate)
                 done = timeline.synchronize
+        except AclnnError:  # a signal handler's call, failed in the middle of this one: its own status
+            raise
         except Exception as e:
             raise AclnnError(E.ACLNN_ERR_RUNTIME_ERROR, f"launch failed: {e}") from None
         try:
