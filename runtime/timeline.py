@@ -136,21 +136,7 @@ class Timeline:
         if self._owed:
             self._settle()
         self._prune()
-        ticket = _Ticket()
-        try:
-            self._take(ticket, keep, queuing=True)
-            v = ticket.value
-            wait = rt.HalFence.create_at(self.semaphore, v - 1)
-            signal = rt.HalFence.create_at(self.semaphore, v)
-            launched = time.perf_counter()
-            self._queue(ticket, enqueue(wait, signal))
-        except BaseException as e:
-            # Recorded before any call of the handler: a second interrupt may come at the next one.
-            if ticket.value and not ticket.queued:
-                self._owed.append(ticket)
-                ticket.why = f"{type(e).__name__}: {e}"
-                self._settle()
-            raise
+        v, _, launched = self._take_and_queue(enqueue, keep)
         if estimate is not None:
             with self._lock:
                 self._expect = (v, launched, estimate)
@@ -166,20 +152,28 @@ class Timeline:
         queueing the work raised."""
         if self._owed:
             self._settle()
+        return self._take_and_queue(enqueue, ())[1]
+
+    def _take_and_queue(self, enqueue, keep):
+        """submit()'s and run_synchronous()'s taking of the next value and queueing of the work
+        (`enqueue`, `keep` as for submit), with their guarantee when interrupted; returns (the
+        value, its signal fence, perf_counter() just before the queueing call)."""
         ticket = _Ticket()
         try:
-            self._take(ticket, (), queuing=True)
+            self._take(ticket, keep, queuing=True)
             v = ticket.value
+            wait = rt.HalFence.create_at(self.semaphore, v - 1)
             signal = rt.HalFence.create_at(self.semaphore, v)
-            self._queue(ticket, enqueue(rt.HalFence.create_at(self.semaphore, v - 1), signal))
+            launched = time.perf_counter()
+            self._queue(ticket, enqueue(wait, signal))
         except BaseException as e:
-            # as in submit, inline: a call before the ticket is recorded would let a second interrupt in
+            # Recorded before any call of the handler: a second interrupt may come at the next one.
             if ticket.value and not ticket.queued:
                 self._owed.append(ticket)
                 ticket.why = f"{type(e).__name__}: {e}"
                 self._settle()
             raise
-        return signal
+        return v, signal, launched
 
     def _settle(self):
         """Signals every value that a submission took and could not queue (see submit), in
