@@ -92,6 +92,9 @@ GPU_WORKGROUP_SIZE = 64
 GPU_POINT_CHUNK = 16384
 # Channels one invocation of the GPU dgrid sums before the ordered block reduction.
 GPU_CHANNEL_BLOCK = 256
+# Channels one invocation of the GPU grid sampler forward walks (its point's coordinates are
+# computed once per block), few enough that no invocation runs long (lavapipe's loop budget).
+GPU_FORWARD_CHANNEL_BLOCK = 16
 
 # The manifest's "calls" record of a module (each spec's `calls(target)`, completed with the
 # workspace by compiler.build.calls_record; docs/embedding.md): which exported function the
@@ -471,6 +474,10 @@ class GridSampler2dSpec(GridSamplerSpec):
 
     def function_names(self, target=None) -> tuple:
         return (self.kernel_name,)
+
+    def template_params(self, target=None) -> dict:
+        """The grid sampler's parameters and `gpu_cblock` (GPU_FORWARD_CHANNEL_BLOCK)."""
+        return dict(super().template_params(target), gpu_cblock=GPU_FORWARD_CHANNEL_BLOCK)
 
     def calls(self, target=None) -> dict:
         """The manifest's "calls" record (see GridSamplerSpec.calls): one function;

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import atexit
 import gc
+import hashlib
 import threading
 
 import iree.runtime as rt
 
 from . import device as _device
 from .device import Device, on_fork_in_child
+from ..compiler.reflect import ptx_images
 from .store import load_module_bytes
 
 __all__ = ["Kernel", "LoadedModule", "CallEstimate", "ModuleLoadError", "load_module"]
@@ -73,6 +75,9 @@ class LoadedModule:
             raise ModuleLoadError(f"cannot load module {path} ({spec.kernel_name}): {e}; delete it or run "
                                   "`aclnn-iree build` to rebuild it") from None
         self._kernels = {}
+        # A CUDA module's PTX and identity, for the torch layer's stream launch (runtime.cuda)
+        self.ptx, self.identity = ((), None) if target is None or target.name != "cuda" else (
+            tuple(ptx_images(vmfb)), (path, hashlib.sha256(vmfb).hexdigest()))
 
     def kernel(self, function_name: str) -> "Kernel":
         k = self._kernels.get(function_name)

@@ -678,6 +678,78 @@ def test_cuda_tensors_run_on_iree_cuda_without_copies(dtype, monkeypatch):
                  f"cuda {dtype.name} upsample")
 
 
+def _count_stream_launches(monkeypatch):
+    """The names of the kernels launched on PyTorch's stream from now on (runtime.cuda)."""
+    from aclnn_iree.runtime import cuda
+    launched, real = [], cuda.Executable.launch
+    monkeypatch.setattr(cuda.Executable, "launch", lambda self, name, *a: launched.append(name) or real(self, name, *a))
+    return launched
+
+
+@needs_cuda
+@pytest.mark.parametrize("dtype", [F32, F64, F16, BF16], ids=lambda d: d.name)
+def test_cuda_stream_launch_gives_the_iree_launchs_results(dtype, monkeypatch):
+    """ACLNN_IREE_CUDA_LAUNCH=stream: after a signature's first call, the forwards and the grid
+    backward launch on PyTorch's current stream (a side stream here, never synchronised by us):
+    the same bits as IREE's launch of the same kernels, except grad_input's atomic sums, which are
+    within the dtype's bound of the reference."""
+    require_device("cuda")
+    launched = _count_stream_launches(monkeypatch)
+    case = grid_case(0, 1, False, "random")
+    go, x, grid = case.inputs(dtype)
+    ucase = upsample_case("up", "random", False, "NHWC")
+    (Ho, Wo), (N, C, H, W) = ucase.sizes
+    u = torch.from_numpy(np.random.default_rng(3).standard_normal((N, C, H, W))).to(_torch_dtype(dtype))
+
+    def step():
+        xt, gt = (_t(a, dtype).cuda().requires_grad_(True) for a in (x, grid))
+        out = AT.grid_sample(xt, gt, padding_mode="border")
+        out.backward(_t(go, dtype).cuda())
+        up = AT.interpolate(u.cuda().contiguous(memory_format=torch.channels_last), size=(Ho, Wo))
+        return [t.detach().cpu() for t in (out, xt.grad, gt.grad, up)]
+
+    monkeypatch.setenv("ACLNN_IREE_CUDA_LAUNCH", "iree")
+    iree = step()
+    assert launched == []
+    monkeypatch.setenv("ACLNN_IREE_CUDA_LAUNCH", "stream")
+    step()  # the signatures' first calls: IREE's runtime, then their plans
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        streamed = step()
+    assert {"sample_gpu", "dx_atomic", "dgrid_points_gpu", "upsample"} <= set(launched)
+    for i, what in ((0, "output"), (2, "grad_grid"), (3, "upsampled")):
+        assert torch.equal(streamed[i].view(torch.int16) if dtype == BF16 else streamed[i],
+                           iree[i].view(torch.int16) if dtype == BF16 else iree[i]), what
+    _check_bound(streamed[1], case.reference(dtype)["dx"], case.abs_sums(dtype)["dx"], dtype, iree[1],
+                 f"stream launch {dtype.name} dx")
+
+
+@needs_cuda
+def test_cuda_stream_launch_is_captured_by_a_cuda_graph(monkeypatch):
+    """With the stream launch, a warmed-up grid_sample is captured by torch.cuda.graph and its
+    replay computes on the inputs' new values (nothing synchronises inside the capture)."""
+    require_device("cuda")
+    monkeypatch.setenv("ACLNN_IREE_CUDA_LAUNCH", "stream")
+    launched = _count_stream_launches(monkeypatch)
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    grid = torch.rand(2, 8, 8, 2, device="cuda") * 2 - 1
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # the first call on IREE's runtime leaves the plan the others launch
+            AT.grid_sample(x, grid)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = AT.grid_sample(x, grid)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert launched.count("sample_gpu") >= 3
+    assert torch.equal(y, AT.grid_sample(x, grid))
+
+
 @needs_cuda
 def test_cuda_falls_back_to_pytorch_with_one_warning_when_iree_has_no_cuda(monkeypatch):
     from aclnn_iree.runtime.device import DeviceUnavailable

@@ -236,7 +236,7 @@ def _run(stream, key, storages, phase1, phase2, read, kept=None):
     storages: the call's tensors in aclnn's order (inputs, then outputs), as
     tensors.Storage (a masked-out output without memory: no_storage).  phase1(tensors)
     returns (status, workspaceSize, executor); read(output Storage, device) takes a result once
-    the call has run.  key None: not cached.  kept(run): called, when the call's executor is
+    the call has run.  key None: not cached.  kept(run, ex): called, when the call's executor `ex` is
     kept, with `run(views, keep)`, which launches it again on other memory of the same
     signature (views in aclnn's order; `keep` owns their memory) and waits (the torch
     layer's per-signature plans).  Raises AclnnError.
@@ -261,7 +261,7 @@ def _run(stream, key, storages, phase1, phase2, read, kept=None):
     run = _launcher(ex, stream)
     run([s.view for s in storages], storages)
     if kept is not None:
-        kept(run)
+        kept(run, ex)
     return [read(s, stream.device) if s.buffer is not None else None for s in storages[len(ex.inputs):]]
 
 

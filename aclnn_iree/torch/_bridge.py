@@ -26,10 +26,11 @@ from torch.utils.dlpack import to_dlpack
 
 from ..core import api
 from ..core.errors import AclnnError
-from ..runtime import kernels
+from ..runtime import cuda, kernels
 from ..runtime.device import DeviceUnavailable, element_type, get_device, on_fork_in_child
 from ..core.tensors import (HOST_ALIGNMENT, HOST_BUFFER_USAGE, HOST_MEMORY_TYPE, Storage, host_storage, read_back,
                             storage_of)
+from . import _cuda
 
 __all__ = ["set_cpu_device", "get_cpu_device", "SUPPORTED_DTYPES", "iree_device_for", "is_channels_last", "Launch", "reader",
            "numpy_dtype", "Plan", "plan", "planner", "event_name"]
@@ -181,7 +182,9 @@ class Launch:
         self.name = name
         self.device = get_device(name)
         self.stream = api.thread_stream(name)
+        self.cuda_index = None
         if tensors[0].device.type == "cuda":  # IREE cannot wait on PyTorch's stream: the inputs must be ready
+            self.cuda_index = tensors[0].device.index or 0
             torch.cuda.current_stream(tensors[0].device).synchronize()
 
     def storage(self, t, fmt="ND", output=False):
@@ -230,19 +233,38 @@ def plan(key):
     return _tls.plans.get(key)
 
 
+def _remember(key, p):
+    plans = _tls.plans
+    if len(plans) >= _PLANS_PER_THREAD:  # signatures rarely vary that much: start over
+        plans.clear()
+    plans[key] = p
+
+
 def planner(key, launch: Launch, dtype):
     """The `kept` callback for api.run_*: remembers the call's kept executor as the Plan of
     `key` (its first entry: the op's name, for its event_name), where the call ran on a CPU
-    device (None elsewhere: GPU devices copy CPU tensors, and CUDA tensors need the stream
-    synchronised; those take the general path)."""
+    device, or as a _cuda.CudaPlan where it ran on CUDA tensors and ACLNN_IREE_CUDA_LAUNCH
+    asks for the stream launch (None elsewhere: GPU devices copy CPU tensors, and IREE's runtime
+    needs PyTorch's stream synchronised around each call; those take the general path)."""
+    if launch.cuda_index is not None:
+        if not _cuda.stream_launch():
+            return None
+
+        def kept_cuda(run, ex):
+            try:
+                p = _cuda.plan_for(ex, launch.cuda_index, event_name(key[0], "cuda stream"))
+            except (cuda.CudaError, ValueError) as e:  # the call itself ran: later ones stay on IREE's runtime
+                _warn_once(f"cuda-launch:{key[0]}", f"aclnn_iree: {key[0]}'s kernels cannot be launched on "
+                                                   f"PyTorch's stream ({e}); IREE's runtime runs them")
+                return
+            if p is not None:
+                _remember(key, p)
+        return kept_cuda
     if not launch.device.is_host:
         return None
 
-    def kept(run):
-        plans = _tls.plans
-        if len(plans) >= _PLANS_PER_THREAD:  # signatures rarely vary that much: start over
-            plans.clear()
-        plans[key] = Plan(key, run, launch.device, dtype, event_name(key[0], launch.name))
+    def kept(run, ex):
+        _remember(key, Plan(key, run, launch.device, dtype, event_name(key[0], launch.name)))
     return kept
 
 

@@ -1,0 +1,289 @@
+"""The stream launch of CUDA modules (runtime.cuda, aclnn_iree.torch._cuda), checked without a
+GPU against what the modules and templates say: each PTX entry's parameters and workgroup size,
+the arguments packed for it as IREE's CUDA HAL passes them, and the dispatches the launch path
+issues for an exported function against the ones its template's host function issues.  The
+launches themselves run on a GPU only (scripts/gpu_check.sh, test_torch.py's cuda tests with
+ACLNN_IREE_CUDA_LAUNCH=stream)."""
+from __future__ import annotations
+
+import ctypes
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from aclnn_iree.compiler.build import ArtifactStore
+from aclnn_iree.compiler.reflect import ptx_images
+from aclnn_iree.compiler.render import render
+from aclnn_iree.compiler.specs import (GPU_WORKGROUP_SIZE, GridSampler2dSpec, GridSamplerSpec, UpsampleBilinear2dSpec,
+                                       UpsampleSpec)
+from aclnn_iree.compiler.targets import get_target
+from aclnn_iree.runtime import cuda
+from aclnn_iree.runtime.store import cache_dir
+from aclnn_iree.torch import _cuda
+from test_devices import cuda_sample
+
+CUDA = get_target("cuda")
+TEMPLATES = Path(__file__).resolve().parents[1] / "templates"
+
+
+@pytest.fixture(scope="module")
+def modules():
+    """{kernel_name: (spec, vmfb bytes)} of the CUDA sample (every mode, padding, dtype and
+    layout of the four operators), from the suite's compile cache."""
+    specs = cuda_sample()
+    store = ArtifactStore(cache_dir())
+    res = store.build(specs, [CUDA], progress=False)
+    assert res.failed == []
+    return {s.kernel_name: (s, store.get_or_build(s, CUDA)) for s in specs}
+
+
+def _entries(vmfb: bytes) -> dict:
+    entries = {}
+    for ptx in ptx_images(vmfb):
+        entries.update(cuda.ptx_entries(ptx))
+    return entries
+
+
+# ----------------------------------------------------------------------------- PTX entries
+def test_every_entry_is_launchable_as_iree_does(modules):
+    """Every kernel of every sampled module parses (binding addresses, then 32-bit constants, a
+    workgroup size; IREE's own dispatches too, e.g. a rounding pass), and each dispatch the
+    stream launch issues takes as many bindings and constants as its Dispatch passes, in
+    GPU_WORKGROUP_SIZE-thread workgroups (the hand-written forms' translation_info)."""
+    checked = set()
+    for name, (spec, vmfb) in modules.items():
+        entries = _entries(vmfb)
+        assert entries, name
+        for e in entries.values():
+            assert e.bindings >= 1 and not any(e.params[e.bindings:]), (name, e)
+        params = spec.template_params(CUDA)
+        for function in spec.function_names(CUDA):
+            for step in _cuda.dispatches(spec, params, function) or ():
+                e = entries[step.entry]
+                tensors = len(step.operands) - len(_cuda.SIZES) + (step.result is not None)
+                assert (e.bindings, e.constants, e.block) == (tensors, len(_cuda.SIZES), (GPU_WORKGROUP_SIZE, 1, 1))
+                assert all(a == 16 for a in e.params[:e.bindings]), (name, e)  # the bindings' alignment(16)
+                checked.add((spec.op, step.entry))
+    assert checked == {("grid_sampler_2d_backward", "dx_atomic"), ("grid_sampler_2d_backward", "dgrid_points_gpu"),
+                       ("grid_sampler_2d", "sample_gpu"), ("upsample_bilinear2d", "upsample")}
+
+
+def test_ptx_entries_reads_parameters_and_block():
+    ptx = """.visible .entry k(
+\t.param .u64 .ptr .align 16 k_param_0,
+\t.param .u64 k_param_1,
+\t.param .b32 k_param_2
+)
+.maxntid 128, 2, 1
+{
+\tret;
+}
+.visible .entry j()
+.reqntid 32
+{ ret; }
+"""
+    e = cuda.ptx_entries(ptx)
+    assert e["k"] == cuda.Entry("k", (16, 8, 0), (128, 2, 1))
+    assert e["k"].bindings == 2 and e["k"].constants == 1
+    assert e["j"] == cuda.Entry("j", (), (32, 1, 1))
+
+
+@pytest.mark.parametrize("ptx, message", [
+    (".visible .entry k(.param .f32 k_p0)\n.maxntid 64, 1, 1\n{}", "neither a binding address"),
+    (".visible .entry k(.param .b32 k_p0, .param .u64 .ptr .align 16 k_p1)\n.maxntid 64, 1, 1\n{}",
+     "binding address after a push constant"),
+    (".visible .entry k(.param .u64 k_p0)\n{}", "no workgroup size"),
+])
+def test_ptx_entries_refuses_what_it_cannot_launch(ptx, message):
+    with pytest.raises(ValueError, match=message):
+        cuda.ptx_entries(ptx)
+
+
+# ----------------------------------------------------------------------------- packing
+def test_pack_puts_each_value_in_its_own_8_byte_slot():
+    e = cuda.Entry("k", (16, 16, 0, 0), (64, 1, 1))
+    p = cuda.pack(e, [0x7F0000001000, 0x7F0000002010], [5, -1])
+    params = [p.params[i] for i in range(4)]
+    assert params == [ctypes.addressof(p.slots) + 8 * i for i in range(4)]  # kernelParams[i] -> slot i
+    assert ctypes.c_uint64.from_address(params[0]).value == 0x7F0000001000
+    assert ctypes.c_uint64.from_address(params[1]).value == 0x7F0000002010
+    assert ctypes.c_uint32.from_address(params[2]).value == 5  # a constant's 32 bits, little-endian, at its slot
+    assert ctypes.c_int32.from_address(params[3]).value == -1
+
+
+@pytest.mark.parametrize("addresses, constants, message", [
+    ([16], [1, 2], "takes 2 bindings and 2 push constants, not 1 and 2"),
+    ([16, 32], [1], "not 2 and 1"),
+    ([16, 40], [1, 2], "binding 1's address 0x28 is not a device address aligned to 16"),
+    ([0, 32], [1, 2], "binding 0's address 0x0"),
+    ([16, 32], [1, 1 << 32], "push constant 1 .* does not fit in 32 bits"),
+    ([16, 32], [-(1 << 31) - 1, 2], "push constant 0"),
+])
+def test_pack_refuses_arguments_the_entry_does_not_take(addresses, constants, message):
+    with pytest.raises(ValueError, match=message):
+        cuda.pack(cuda.Entry("k", (16, 16, 0, 0), (64, 1, 1)), addresses, constants)
+
+
+def test_workgroups_follow_the_count_region():
+    common = (TEMPLATES / "_common.mlir.j2").read_text()
+    assert int(re.search(r"set max_workgroups = (\d+)", common).group(1)) == cuda.MAX_WORKGROUPS
+    assert cuda.workgroups(0, 64) == 1  # at least one workgroup (gpu_count's maxui with 1)
+    assert cuda.workgroups(64, 64) == 1 and cuda.workgroups(65, 64) == 2
+    assert cuda.workgroups(64 * cuda.MAX_WORKGROUPS * 3, 64) == cuda.MAX_WORKGROUPS
+
+
+# ----------------------------------------------------------------------------- dispatches vs templates
+_FUNC = re.compile(r"^util\.func public @(\w+)\(", re.M)
+_DISPATCH = re.compile(r"(%\w+)(?:, %\w+)* = flow\.dispatch @\w+::@(\w+)\[%(\w+)\]\(([^)]*)\)\s*:\s*\([^)]*\)\s*->\s*"
+                       r"(%\w+|\(?tensor)")
+
+
+def _template_dispatches(mlir: str, function: str) -> list:
+    """[(entry, work, operands, result)] of exported `function`'s flow.dispatch ops, in order."""
+    starts = [(m.group(1), m.start()) for m in _FUNC.finditer(mlir)]
+    (start,) = [s for n, s in starts if n == function]
+    end = min([s for _, s in starts if s > start], default=len(mlir))
+    out = []
+    for m in _DISPATCH.finditer(mlir, start, end):
+        result, entry, work, operands, tied = m.groups()
+        names = tuple(o.strip().lstrip("%") for o in operands.split(","))
+        out.append((entry, work, names, None if tied.startswith("%") else result.lstrip("%")))
+    return out
+
+
+GPU_SPECS = [GridSamplerSpec(m, p, ac, dt) for m in ("bilinear", "nearest", "bicubic")
+             for p in ("zeros", "reflection") for ac in (False, True) for dt in ("float32", "float16", "float64")]
+GPU_SPECS += [GridSampler2dSpec("bicubic", "border", True, "bfloat16"), GridSampler2dSpec("bilinear", "zeros", False)]
+GPU_SPECS += [UpsampleBilinear2dSpec(ac, dt, lay) for ac in (False, True) for dt in ("float32", "bfloat16")
+              for lay in ("NCHW", "NHWC")]
+GPU_SPECS += [UpsampleSpec(False, "float32", "NCHW")]
+
+
+@pytest.mark.parametrize("spec", GPU_SPECS, ids=lambda s: s.kernel_name)
+def test_dispatches_are_the_templates(spec):
+    """Each exported function the stream launch takes issues exactly the template's dispatches
+    (entries, work counts, operands by name, tied or new results); the others stay IREE's."""
+    params = spec.template_params(CUDA)
+    mlir = render(spec, CUDA)
+    taken = 0
+    for function in spec.function_names(CUDA):
+        steps = _cuda.dispatches(spec, params, function)
+        if steps is None:
+            continue
+        taken += 1
+        assert [(s.entry, s.work, s.operands, s.result) for s in steps] == _template_dispatches(mlir, function), function
+    # what the stream launch takes: both forwards, the grid backward's atomic functions
+    if spec.op == "upsample_bilinear2d_backward":
+        assert taken == 0
+    elif spec.op == "grid_sampler_2d_backward":
+        assert taken == (3 if params["atomic_dx"] else 1)
+    else:
+        assert taken == 1
+
+
+def test_deterministic_and_ordered_forms_stay_on_iree():
+    s = GridSamplerSpec("bilinear", "zeros", False)
+    params = s.template_params(CUDA)
+    assert _cuda.dispatches(s, params, s.kernel_name + "_deterministic") is None
+    assert _cuda.dispatches(s, params, s.kernel_name + "_dx_deterministic") is None
+    assert _cuda.dispatches(s, {**params, "atomic_dx": False}, s.kernel_name) is None
+    assert _cuda.dispatches(s, {**params, "atomic_dx": False}, s.kernel_name + "_dgrid") == (_cuda.GRID_DGRID,)
+    n = GridSamplerSpec("nearest", "zeros", False)
+    assert _cuda.dispatches(n, n.template_params(CUDA), n.kernel_name) == (_cuda.GRID_DX_ATOMIC,)  # grad_grid: zeros
+
+
+# ----------------------------------------------------------------------------- a call's launches vs the PTX
+class _Recorded:
+    """Stands in for a loaded Executable where no GPU is: packs each launch against the module's
+    own PTX entry (what cuLaunchKernel would get) and keeps it."""
+
+    def __init__(self, entries):
+        self.entries, self.launched = entries, []
+
+    def launch(self, name, work, addresses, constants, stream):
+        self.launched.append((name, cuda.workgroups(work, self.entries[name].block[0]),
+                              cuda.pack(self.entries[name], addresses, constants)))
+
+
+def _plan(modules, spec):
+    entries = _entries(modules[spec.kernel_name][1])
+    params = spec.template_params(CUDA)
+    steps = _cuda.dispatches(spec, params, spec.function_names(CUDA)[0])
+    scales = torch.tensor([0.5, 0.5]) if spec.op == "upsample_bilinear2d" else None
+    return _cuda.CudaPlan(spec, params, steps, _Recorded(entries), scales), entries
+
+
+def _slots(packed, n):
+    return [packed.slots[i] for i in range(n)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_grid_backward_launches(modules, dtype):
+    """Tensors in binding order, the six sizes, workgroups covering the work: checked against
+    the sample's own module (grad_input accumulated in float32 for float16, then rounded)."""
+    spec = next(s for s in (s for s, _ in modules.values()) if s.op == "grid_sampler_2d_backward"
+                and s.interpolation_mode == "bilinear" and s.dtype == dtype)
+    plan, entries = _plan(modules, spec)
+    t = getattr(torch, dtype)
+    go, x, g = torch.randn(2, 3, 5, 7, dtype=t), torch.randn(2, 3, 4, 6, dtype=t), torch.rand(2, 5, 7, 2, dtype=t)
+    dx, dgrid = torch.full_like(x, float("nan")), torch.empty_like(g)
+    launches, values = plan.launches((go, x, g), (dx, dgrid))
+    acc = values["acc0"]
+    assert acc.dtype == (torch.float64 if dtype == "float64" else torch.float32) and not acc.any()  # zeroed first
+    assert (acc is dx) == (dtype != "float16")
+    sizes = [2, 3, 4, 6, 5, 7]
+    assert [(e, w) for e, w, _, _ in launches] == [("dx_atomic", 2 * 3 * 35), ("dgrid_points_gpu", 2 * 35)]
+    assert launches[0][2:] == ([go.data_ptr(), g.data_ptr(), acc.data_ptr()], sizes)
+    assert launches[1][2:] == ([go.data_ptr(), x.data_ptr(), g.data_ptr(), dgrid.data_ptr()], sizes)
+    for entry, work, addresses, constants in launches:
+        assert _slots(cuda.pack(entries[entry], addresses, constants), 3 + 6 + (entry != "dx_atomic")) == addresses + sizes
+
+
+def test_forward_launches(modules):
+    fwd = next(s for s, _ in modules.values() if s.op == "grid_sampler_2d" and s.dtype == "float32")
+    plan, entries = _plan(modules, fwd)
+    x, g = torch.randn(1, 40, 8, 9), torch.rand(1, 3, 4, 2)
+    out = torch.empty(1, 40, 3, 4)
+    (launch,), _ = plan.launches((x, g), (out,))
+    # one work item per (point, block of gpu_cblock channels), as the host function counts them
+    assert launch == ("sample_gpu", 3 * 4 * -(-40 // fwd.template_params(CUDA)["gpu_cblock"]),
+                      [x.data_ptr(), g.data_ptr(), out.data_ptr()], [1, 40, 8, 9, 3, 4])
+    cuda.pack(entries["sample_gpu"], *launch[2:])
+    up = next(s for s, _ in modules.values() if s.op == "upsample_bilinear2d" and s.layout == "NHWC")
+    plan, entries = _plan(modules, up)
+    x, out = torch.randn(2, 4, 5, 3), torch.empty(2, 8, 10, 3)  # NHWC as (N, H, W, C)
+    (launch,), values = plan.launches((x,), (out,))
+    assert launch == ("upsample", 2 * 3 * 8 * 10, [x.data_ptr(), values["scales"].data_ptr(), out.data_ptr()],
+                      [2, 3, 4, 5, 8, 10])
+    cuda.pack(entries["upsample"], *launch[2:])
+
+
+def test_plan_declines_empty_and_misaligned_tensors_and_the_iree_launch(modules, monkeypatch):
+    spec = next(s for s, _ in modules.values() if s.op == "grid_sampler_2d" and s.dtype == "float32")
+    plan, _ = _plan(modules, spec)
+    x, g = torch.randn(1, 2, 3, 3), torch.rand(1, 2, 2, 2)
+    monkeypatch.setenv(_cuda.LAUNCH_ENV, "iree")
+    assert plan((x, g), (torch.empty(1, 2, 2, 2),)) is False  # switched back since the plan was made
+    monkeypatch.setenv(_cuda.LAUNCH_ENV, "stream")
+    assert plan((x, g[:, :0]), (torch.empty(1, 2, 0, 2),)) is False
+    buf = torch.empty(1 + 18)
+    assert plan((buf[1:].view(1, 2, 3, 3), g), (torch.empty(1, 2, 2, 2),)) is False  # 4 bytes off 16
+    assert plan._exe.launched == []
+
+
+# ----------------------------------------------------------------------------- the driver and the switch
+def test_a_missing_driver_library_is_one_clear_error():
+    with pytest.raises(cuda.CudaError, match="libcuda_missing.so.1 cannot be loaded .* no NVIDIA driver here"):
+        cuda.Driver("libcuda_missing.so.1")
+
+
+def test_launch_switch(monkeypatch):
+    monkeypatch.delenv(_cuda.LAUNCH_ENV, raising=False)
+    assert _cuda.stream_launch() is False  # IREE's runtime until the stream launch has run on a GPU
+    monkeypatch.setenv(_cuda.LAUNCH_ENV, "stream")
+    assert _cuda.stream_launch() is True
+    monkeypatch.setenv(_cuda.LAUNCH_ENV, "graphs")
+    with pytest.raises(ValueError, match="ACLNN_IREE_CUDA_LAUNCH='graphs': expected one of iree, stream"):
+        _cuda.stream_launch()
