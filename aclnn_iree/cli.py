@@ -473,11 +473,18 @@ def _cmd_bench(args) -> int:
     if args.roofline:
         return _roofline(args)
     if "torch" in (args.op or []):
-        if args.peers or args.device != "local-task" or args.codegen:
-            raise CliError("--op torch times training steps on the CPU beside eager and torch.compile already; "
-                           "--peers, --codegen and --device apply to the kernel cases")
-        from .tools.bench_torch import run_torch_bench
-        result = run_torch_bench(quick=args.quick, threads=args.threads, repeats=args.repeats)
+        if args.peers or args.device not in ("local-task", "cuda") or args.codegen:
+            raise CliError("--op torch times training steps beside eager and torch.compile already, on the CPU "
+                           "or with --device cuda on CUDA tensors; --peers, --codegen and other devices apply to "
+                           "the kernel cases")
+        from .tools.bench_torch import run_cuda_torch_bench, run_torch_bench
+        if args.device == "cuda":
+            try:
+                result = run_cuda_torch_bench(quick=args.quick, repeats=args.repeats)
+            except RuntimeError as e:
+                raise CliError(str(e)) from None
+        else:
+            result = run_torch_bench(quick=args.quick, threads=args.threads, repeats=args.repeats)
         if args.json:
             import json
             with open(args.json, "w") as f:
@@ -573,7 +580,8 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--device", default="local-task", help="IREE device (default local-task)")
     bn.add_argument("--op", action="append", choices=op_names + ["torch"],
                     help="operator (repeatable; default: every operator); 'torch': training steps (forward + backward) "
-                         "through aclnn_iree.torch beside PyTorch eager and torch.compile")
+                         "through aclnn_iree.torch beside PyTorch eager and torch.compile (on CUDA tensors with "
+                         "--device cuda: ours through IREE's runtime and launched on PyTorch's stream)")
     bn.add_argument("--repeats", type=_count(1, 100000), default=10, help="timed runs per measurement (median; default 10)")
     bn.add_argument("--no-compile", action="store_true", help="skip the compile-time measurements")
     bn.add_argument("--peers", action="store_true",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for a machine with an NVIDIA GPU (CI never has one): runs the numerical suites on
 # the `cuda` device (beside the CPU, which they compare against), the PyTorch integration on
-# CUDA tensors and the benchmark beside PyTorch eager and torch.compile, in under 8 minutes.
+# CUDA tensors (both launches of ours) and the benchmarks beside PyTorch eager and torch.compile,
+# in under 10 minutes.
 # Prints everything it runs; exits non-zero when a test fails or no CUDA device is found.
 #
 #   bash scripts/gpu_check.sh               # from the repository root
@@ -73,4 +74,12 @@ run "PyTorch integration on CUDA tensors (DLPack to IREE's cuda device)" 90 \
 # --peers: torch.compile on the same device too, and JAX where installed (the H200 image has it).
 run "benchmark on $DEV (PyTorch eager and torch.compile on the same device beside it)" 150 \
     $PY -m aclnn_iree bench --device $DEV --quick --no-compile --repeats 10 --peers
+# The training step on CUDA tensors: ours through IREE's runtime (PyTorch's stream synchronised
+# around each call) and launched on PyTorch's stream (ACLNN_IREE_CUDA_LAUNCH=stream), beside
+# PyTorch eager and torch.compile.  test_torch.py's cuda tests above check the stream launch's
+# results (and a CUDA graph's capture of it).
+if [ "$DEV" = cuda ]; then
+    run "training steps on CUDA tensors (ours: IREE's launch and the stream launch)" 150 \
+        $PY -m aclnn_iree bench --op torch --device cuda --quick --repeats 6
+fi
 exit $failed

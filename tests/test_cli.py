@@ -462,3 +462,18 @@ def test_a_store_whose_manifest_is_not_a_file_is_one_line(tmp_path, kind):
     assert_one_error_line(r, "manifest cannot be read", code=1)
     assert not list(tmp_path.glob("**/*.vmfb")), "nothing compiles"
     assert_one_error_line(cli("list", "--dir", str(tmp_path), timeout=60), "cannot read", code=1)
+
+
+def test_bench_torch_on_cuda_without_a_gpu_is_one_line():
+    """`bench --op torch --device cuda` times the training steps on CUDA tensors (both launches
+    of ours); where PyTorch sees no CUDA device it says so in one line, and other devices are
+    refused as the kernel cases' options."""
+    import torch
+    p = cli("bench", "--op", "torch", "--device", "cuda", "--quick", "--repeats", "1")
+    if torch.cuda.is_available():
+        assert p.returncode == 0 and "ours stream" in p.stdout, p.stderr
+        return
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1 and "cuda" in lines[0] and "not available" in lines[0], p.stderr
+    p = cli("bench", "--op", "torch", "--device", "vulkan", "--quick")
+    assert p.returncode != 0 and "other devices apply to the kernel cases" in p.stderr and "Traceback" not in p.stderr

@@ -13,29 +13,121 @@ interpolate(mode="bilinear") (w.r.t. input), timed four ways in alternating bloc
 
 It prints the step times and the ratios (a PyTorch row's time / ours, > 1 means our step
 is faster), then the torch layer's host cost per call over IREE's own invoke and wait, and
-a tiny training step beside PyTorch's (custom_op_overhead_us).
+a tiny training step beside PyTorch's (custom_op_overhead_us).  With `--device cuda`
+(run_cuda_torch_bench) the steps run on CUDA tensors, ours both through IREE's runtime and
+launched on PyTorch's stream.
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
 from .bench import BENCHES, CASES, QUICK, _first_line, alternating_medians
 
-__all__ = ["run_torch_bench", "custom_op_overhead_us", "iree_floor"]
+__all__ = ["run_torch_bench", "run_cuda_torch_bench", "custom_op_overhead_us", "iree_floor"]
+
+LAUNCH_ENV = "ACLNN_IREE_CUDA_LAUNCH"  # aclnn_iree.torch._cuda's switch (not imported: it needs PyTorch)
 
 
-def _step(case, torch, F, AT, ours: bool, compiled: bool):
-    """(step function) for one case: forward + backward, gradients into fresh .grad fields."""
+def _step(case, torch, F, AT, ours: bool, compiled: bool, cuda: bool = False, launch: str | None = None):
+    """(step function) for one case: forward + backward, gradients into fresh .grad fields.
+    cuda: on CUDA tensors (the same values, each step synchronised: its time is its kernels');
+    launch: the step sets ACLNN_IREE_CUDA_LAUNCH to it (our arms on CUDA: "iree", "stream")."""
     forward, args, go = BENCHES[case.op].torch_step(case, torch, AT if ours else F)
+    if cuda:  # .to keeps each tensor's memory format (the NHWC cases' channels_last)
+        args = [a.detach().to("cuda").requires_grad_(True) for a in args]
+        go = go.to("cuda")
     if compiled:
         forward = torch.compile(forward, fullgraph=True)
 
     def step():
+        if launch is not None:
+            os.environ[LAUNCH_ENV] = launch
         for a in args:
             a.grad = None
         forward(*args).backward(go)
+        if cuda:
+            torch.cuda.synchronize()
         return [a.grad for a in args]
     return step
+
+
+def _step_cases(quick: bool) -> list:
+    """The suite's cases with a training step (a forward operator's runs in its backward's)."""
+    return [c for c in CASES if (not quick or c.name in QUICK) and BENCHES[c.op].torch_step is not None]
+
+
+def _checked_times(case, steps: dict, repeats: int, required) -> tuple:
+    """(median seconds per arm, {arm: first line of its error}) of one case's step functions
+    `steps` ({arm: step}): each runs twice untimed (compiles; a stream launch's first call of a
+    signature leaves the plan the second launches) and must give the eager arm's gradients; an
+    arm that raises is left out (inductor's codegen fails on some shapes), except those in
+    `required`, whose error propagates."""
+    ref = [t.detach().cpu().clone() for t in steps["eager"]()]
+    failed = {}
+    for name, fn in list(steps.items()):
+        try:
+            fn()
+            got = fn()
+        except Exception as e:
+            if name in required:
+                raise
+            failed[name] = _first_line(e)
+            del steps[name]
+            continue
+        for a, b in zip(got, ref):
+            np.testing.assert_allclose(a.detach().cpu().numpy(), b.numpy(), rtol=1e-3, atol=1e-3 * float(b.abs().max()),
+                                       err_msg=f"{case.name}: {name} computes other gradients")
+    return alternating_medians(steps, repeats), failed
+
+
+def run_cuda_torch_bench(quick=False, repeats=10, out=print) -> dict:
+    """`bench --op torch --device cuda`: the training steps on CUDA tensors, PyTorch eager and
+    torch.compile beside ours launched by IREE's runtime (PyTorch's stream synchronised around
+    each call) and by the stream launch (ACLNN_IREE_CUDA_LAUNCH=stream: on PyTorch's stream,
+    aclnn_iree.torch._cuda), alternating; prints the table, returns the rows.  Raises
+    RuntimeError where PyTorch sees no CUDA device."""
+    import torch
+    import torch.nn.functional as F
+    import aclnn_iree.torch as AT
+    if not torch.cuda.is_available():
+        raise RuntimeError("bench --op torch --device cuda: this PyTorch sees no CUDA device")
+    before = os.environ.get(LAUNCH_ENV)
+    cases = _step_cases(quick)
+    out(f"training steps (forward + backward) on {torch.cuda.get_device_name()}, float32; medians of {repeats}, "
+        "each step synchronised; compile times outside the timer")
+    out(f"{'case':40s} {'eager ms':>9s} {'compiled':>9s} {'ours iree':>10s} {'ours stream':>12s} "
+        f"{'x eager':>8s} {'stream/iree':>11s}")
+    rows = []
+    try:
+        for case in cases:
+            torch._dynamo.reset()
+            steps = {"eager": _step(case, torch, F, AT, False, False, cuda=True),
+                     "compiled": _step(case, torch, F, AT, False, True, cuda=True),
+                     "ours_iree": _step(case, torch, F, AT, True, False, cuda=True, launch="iree"),
+                     "ours_stream": _step(case, torch, F, AT, True, False, cuda=True, launch="stream")}
+            t, failed = _checked_times(case, steps, repeats, ("eager",))
+            best = min(t.get("ours_iree", float("inf")), t.get("ours_stream", float("inf")))
+            row = {"case": case.name, **{f"{k}_ms": 1e3 * v for k, v in t.items()},
+                   "ratio_eager": t["eager"] / best if best < float("inf") else None,
+                   "stream_over_iree": (t["ours_iree"] / t["ours_stream"] if "ours_iree" in t and "ours_stream" in t
+                                        else None), "failed": failed}
+            rows.append(row)
+            cell = {k: f"{1e3 * t[k]:{w}.3f}" if k in t else f"{'failed':>{w}s}"
+                    for k, w in (("compiled", 9), ("ours_iree", 10), ("ours_stream", 12))}
+            ratio = "n/a" if row["ratio_eager"] is None else f"{row['ratio_eager']:.2f}"
+            gain = "n/a" if row["stream_over_iree"] is None else f"{row['stream_over_iree']:.2f}"
+            out(f"{case.name:40s} {row['eager_ms']:9.3f} {cell['compiled']} {cell['ours_iree']} {cell['ours_stream']} "
+                f"{ratio:>8s} {gain:>11s}")
+            for name, err in failed.items():
+                out(f"  warning: {name.replace('_', ' ')} failed on this case and is left out of it: {err}")
+    finally:
+        if before is None:
+            os.environ.pop(LAUNCH_ENV, None)
+        else:
+            os.environ[LAUNCH_ENV] = before
+    return {"training_steps": rows, "device": "cuda"}
 
 
 def iree_floor(grad_output, input, grid):
@@ -158,8 +250,7 @@ def run_torch_bench(quick=False, threads=2, repeats=10, out=print) -> dict:
         raise ImportError(f"bench --op torch needs PyTorch: {install_command('torch')}") from None
     import aclnn_iree.torch as AT
     torch.set_num_threads(threads)
-    # every operator's training step once: a forward operator's runs in its backward's
-    cases = [c for c in CASES if (not quick or c.name in QUICK) and BENCHES[c.op].torch_step is not None]
+    cases = _step_cases(quick)
     out(f"training steps (forward + backward), {threads} threads, float32; medians of {repeats}; compile "
         "times outside the timer")
     out(f"{'case':40s} {'eager ms':>9s} {'compiled':>9s} {'ours':>8s} {'ours+cmp':>9s} "
@@ -172,21 +263,7 @@ def run_torch_bench(quick=False, threads=2, repeats=10, out=print) -> dict:
         steps = {name: _step(case, torch, F, AT, ours, compiled)
                  for name, ours, compiled in (("eager", False, False), ("compiled", False, True),
                                               ("ours", True, False), ("ours_compiled", True, True))}
-        ref = [t.clone() for t in steps["eager"]()]
-        failed = {}
-        for name, fn in list(steps.items()):  # compiles, and checks every row computes the same gradients
-            try:
-                got = fn()
-            except Exception as e:  # inductor's codegen fails on some shapes: leave that row out
-                if name in ("eager", "ours"):
-                    raise
-                failed[name] = _first_line(e)
-                del steps[name]
-                continue
-            for a, b in zip(got, ref):
-                np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-3, atol=1e-3 * float(b.abs().max()),
-                                           err_msg=f"{case.name}: {name} computes other gradients")
-        t = alternating_medians(steps, repeats)
+        t, failed = _checked_times(case, steps, repeats, ("eager", "ours"))
         best_ours = min(t["ours"], t.get("ours_compiled", float("inf")))
         row = {"case": case.name, **{f"{k}_ms": 1e3 * v for k, v in t.items()},
                "ratio_eager": t["eager"] / best_ours,
