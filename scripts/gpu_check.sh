@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for a machine with an NVIDIA GPU (CI never has one): runs the numerical suites on
 # the `cuda` device (beside the CPU, which they compare against), the PyTorch integration on
-# CUDA tensors (both launches of ours) and the benchmarks beside PyTorch eager and torch.compile,
-# in under 10 minutes.
+# CUDA tensors (both launches of ours), the benchmarks beside PyTorch eager and torch.compile and
+# a per-call breakdown of our time against PyTorch's, in under 12 minutes.
 # Prints everything it runs; exits non-zero when a test fails or no CUDA device is found.
 #
 #   bash scripts/gpu_check.sh               # from the repository root
@@ -82,4 +82,8 @@ if [ "$DEV" = cuda ]; then
     run "training steps on CUDA tensors (ours: IREE's launch and the stream launch)" 150 \
         $PY -m aclnn_iree bench --op torch --device cuda --quick --repeats 6
 fi
+# Per call, where our time goes against PyTorch's (host, IREE's launch, GPU kernels, memsets and
+# copies by name), then the same with IREE's CUDA graphs (--cuda_use_streams=false).
+run "per-call breakdown (scripts/gpu_gap_probe.py)" 240 \
+    $PY "$REPO/scripts/gpu_gap_probe.py" $([ "$DEV" = cuda ] || echo --rehearse)
 exit $failed
