@@ -287,3 +287,27 @@ def test_launch_switch(monkeypatch):
     monkeypatch.setenv(_cuda.LAUNCH_ENV, "graphs")
     with pytest.raises(ValueError, match="ACLNN_IREE_CUDA_LAUNCH='graphs': expected one of iree, stream"):
         _cuda.stream_launch()
+
+
+def test_a_module_the_driver_cannot_load_leaves_the_calls_on_iree(monkeypatch):
+    """The first call of a signature on CUDA tensors ran through IREE's runtime; where its stream
+    launch cannot be made (no driver, PTX the driver refuses) later calls stay there, with one
+    warning, and nothing is remembered as the signature's plan."""
+    from aclnn_iree.torch import _bridge
+
+    class Launch:
+        cuda_index = 0
+
+    def refuse(ex, index, event):
+        raise cuda.CudaError("cuModuleLoadData failed: CUDA_ERROR_INVALID_PTX (218)")
+
+    monkeypatch.setattr(_bridge, "_warned", set())
+    monkeypatch.delenv(_cuda.LAUNCH_ENV, raising=False)
+    assert _bridge.planner(("op", "cuda"), Launch(), torch.float32) is None  # the default: IREE's runtime
+    monkeypatch.setenv(_cuda.LAUNCH_ENV, "stream")
+    monkeypatch.setattr(_cuda, "plan_for", refuse)
+    kept = _bridge.planner(("grid_sampler_2d", "cuda"), Launch(), torch.float32)
+    with pytest.warns(RuntimeWarning, match="cannot be launched on PyTorch's stream .*INVALID_PTX.*IREE's runtime"):
+        kept(None, None)
+    kept(None, None)  # warned once
+    assert _bridge.plan(("grid_sampler_2d", "cuda")) is None
