@@ -92,6 +92,15 @@ GPU_WORKGROUP_SIZE = 64
 GPU_POINT_CHUNK = 16384
 # Channels one invocation of the GPU dgrid sums before the ordered block reduction.
 GPU_CHANNEL_BLOCK = 256
+# The GPU targets whose calls of both gradients (atomic dx) take `<kernel>_points`, the
+# CUDA-shaped pass: one invocation per output point computes its coordinates once, then walks
+# the channels in order, adding each one's dx taps with float atomics and its grid-gradient
+# terms into grad_grid's sums (the ordered blocks of @dgrid_points_gpu: the same bits), in
+# GPU_POINTS_WORKGROUP-invocation workgroups.  Elsewhere @dx_atomic and @dgrid_points_gpu (an
+# invocation per grad_output element for dx) suit lavapipe's 8-wide invocations better.  Every
+# GPU module with atomic dx exports `_points`: tests run it on Vulkan by adding vulkan-spirv here.
+GPU_POINTS_TARGETS = ("cuda",)
+GPU_POINTS_WORKGROUP = 128
 # Channels one invocation of the GPU grid sampler forward walks (its point's coordinates are
 # computed once per block), few enough that no invocation runs long (lavapipe's loop budget).
 GPU_FORWARD_CHANNEL_BLOCK = 16
@@ -303,11 +312,18 @@ class GridSamplerSpec(KernelSpec):
         gpu = target is not None and target.is_gpu
         if deterministic and mask[0] and gpu:
             suffix += "_deterministic"
+        elif gpu and mask == (True, True) and target.name in GPU_POINTS_TARGETS and self._gpu_points(target):
+            suffix += "_points"
         if not gpu and self.interpolation_mode != "nearest" and channels is not None and (
                 (mask == (False, True) and dgrid_point_parallel(self.interpolation_mode, channels, elements))
                 or (mask == (True, True) and channels in SPLIT_POINTS_CHANNELS)):
             suffix += "_points"
         return self.kernel_name + suffix
+
+    def _gpu_points(self, target) -> bool:
+        """Whether the GPU module for `target` exports `<kernel>_points` (GPU_POINTS_TARGETS):
+        a mode with a grid gradient, dx accumulated with the target's float atomics."""
+        return self.interpolation_mode != "nearest" and DTYPES[self.dtype].accum in target.float_atomics
 
     def serial_iterations(self, function: str, shapes) -> int:
         """The linalg form's grad_input scatter: IREE runs a scatter with colliding indices
@@ -326,6 +342,8 @@ class GridSamplerSpec(KernelSpec):
             return names
         if target is not None and target.is_gpu:
             names += (self.kernel_name + "_deterministic", self.kernel_name + "_dx_deterministic")
+            if self._gpu_points(target):
+                names += (self.kernel_name + "_points",)
         elif self.interpolation_mode != "nearest":
             names += (self.kernel_name + "_dgrid_points", self.kernel_name + "_points")
         return names
@@ -351,6 +369,8 @@ class GridSamplerSpec(KernelSpec):
             forms = []
             if gpu and mask[0]:
                 forms.append(({"deterministic": True}, "_deterministic"))
+            if gpu and mask == (True, True) and target.name in GPU_POINTS_TARGETS and self._gpu_points(target):
+                forms.append(({}, "_points"))
             if not gpu and not self.linalg and self.interpolation_mode != "nearest":
                 points = (range(0, DGRID_POINTS_MAX_CHANNELS + 1) if mask == (False, True)
                           else SPLIT_POINTS_CHANNELS if mask == (True, True) else range(0))
@@ -361,7 +381,7 @@ class GridSamplerSpec(KernelSpec):
                 if mask == (False, True) and most is not None:
                     forms.append(({"elements_at_most": [["N", "C", "H_out", "W_out"], most]}, "_points"))
             forms.append(({}, ""))
-            base = self.function_name(mask, target=target)
+            base = self.kernel_name + {(True, True): "", (True, False): "_dx", (False, True): "_dgrid"}[mask]
             for condition, suffix in forms:
                 rules.append({"when": {**when, **condition}, "function": base + suffix})
                 signatures[base + suffix] = args
@@ -384,6 +404,7 @@ class GridSamplerSpec(KernelSpec):
             params["fused_fma"] = target is None or target.fused_fma
         if self.interpolation_mode != "nearest":  # nearest has no grid gradient to compute
             params["gpu_channel_block"] = GPU_CHANNEL_BLOCK
+            params["gpu_points_workgroup"] = GPU_POINTS_WORKGROUP
         return _with_cpu_gather(params, target)  # both directions' CPU forms gather taps
 
 

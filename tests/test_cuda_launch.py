@@ -16,12 +16,14 @@ import torch
 from aclnn_iree.compiler.build import ArtifactStore
 from aclnn_iree.compiler.reflect import ptx_images
 from aclnn_iree.compiler.render import render
-from aclnn_iree.compiler.specs import (GPU_WORKGROUP_SIZE, GridSampler2dSpec, GridSamplerSpec, UpsampleBilinear2dSpec,
+from aclnn_iree.compiler.specs import (GPU_POINTS_WORKGROUP, GPU_WORKGROUP_SIZE, GridSampler2dSpec, GridSamplerSpec, UpsampleBilinear2dSpec,
                                        UpsampleSpec)
 from aclnn_iree.compiler.targets import get_target
 from aclnn_iree.runtime import cuda
 from aclnn_iree.runtime.store import cache_dir
 from aclnn_iree.torch import _cuda
+from aclnn_iree.torch import grid_sampler as TG
+from aclnn_iree.torch import upsample as TU
 from test_devices import cuda_sample
 
 CUDA = get_target("cuda")
@@ -51,7 +53,8 @@ def test_every_entry_is_launchable_as_iree_does(modules):
     """Every kernel of every sampled module parses (binding addresses, then 32-bit constants, a
     workgroup size; IREE's own dispatches too, e.g. a rounding pass), and each dispatch the
     stream launch issues takes as many bindings and constants as its Dispatch passes, in
-    GPU_WORKGROUP_SIZE-thread workgroups (the hand-written forms' translation_info)."""
+    GPU_WORKGROUP_SIZE-thread workgroups (the hand-written forms' translation_info; the
+    one-pass dx_dgrid_points in GPU_POINTS_WORKGROUP)."""
     checked = set()
     for name, (spec, vmfb) in modules.items():
         entries = _entries(vmfb)
@@ -63,11 +66,13 @@ def test_every_entry_is_launchable_as_iree_does(modules):
             for step in _cuda.dispatches(spec, params, function) or ():
                 e = entries[step.entry]
                 tensors = len(step.operands) - len(_cuda.SIZES) + (step.result is not None)
-                assert (e.bindings, e.constants, e.block) == (tensors, len(_cuda.SIZES), (GPU_WORKGROUP_SIZE, 1, 1))
+                block = GPU_POINTS_WORKGROUP if step.entry == "dx_dgrid_points" else GPU_WORKGROUP_SIZE
+                assert (e.bindings, e.constants, e.block) == (tensors, len(_cuda.SIZES), (block, 1, 1))
                 assert all(a == 16 for a in e.params[:e.bindings]), (name, e)  # the bindings' alignment(16)
                 checked.add((spec.op, step.entry))
     assert checked == {("grid_sampler_2d_backward", "dx_atomic"), ("grid_sampler_2d_backward", "dgrid_points_gpu"),
-                       ("grid_sampler_2d", "sample_gpu"), ("upsample_bilinear2d", "upsample")}
+                       ("grid_sampler_2d_backward", "dx_dgrid_points"), ("grid_sampler_2d", "sample_gpu"),
+                       ("upsample_bilinear2d", "upsample")}
 
 
 def test_ptx_entries_reads_parameters_and_block():
@@ -136,20 +141,40 @@ def test_workgroups_follow_the_count_region():
 
 # ----------------------------------------------------------------------------- dispatches vs templates
 _FUNC = re.compile(r"^util\.func public @(\w+)\(", re.M)
-_DISPATCH = re.compile(r"(%\w+)(?:, %\w+)* = flow\.dispatch @\w+::@(\w+)\[%(\w+)\]\(([^)]*)\)\s*:\s*\([^)]*\)\s*->\s*"
-                       r"(%\w+|\(?tensor)")
+_DISPATCH = re.compile(r"(%\w+(?:, %\w+)*) = flow\.dispatch @\w+::@(\w+)\[%(\w+)\]\(([^)]*)\)\s*:\s*\([^)]*\)\s*->\s*"
+                       r"(\([^\n]*\)|[^\n]*)")
+
+
+def _results(types: str) -> list:
+    """The result types of a dispatch (`-> A` or `-> (A, B)`), split at the commas outside
+    braces and angle brackets."""
+    types = types.strip()
+    if types.startswith("("):
+        types = types[1:-1]
+    parts, depth, cur = [], 0, ""
+    for ch in types:
+        depth += ch in "{<" and 1 or ch in "}>" and -1 or 0
+        if ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur.strip()]
 
 
 def _template_dispatches(mlir: str, function: str) -> list:
-    """[(entry, work, operands, result)] of exported `function`'s flow.dispatch ops, in order."""
+    """[(entry, work, operands, new result)] of exported `function`'s flow.dispatch ops, in
+    order: a result tied to an operand (`-> %operand{...}`) is not a new one."""
     starts = [(m.group(1), m.start()) for m in _FUNC.finditer(mlir)]
     (start,) = [s for n, s in starts if n == function]
     end = min([s for _, s in starts if s > start], default=len(mlir))
     out = []
     for m in _DISPATCH.finditer(mlir, start, end):
-        result, entry, work, operands, tied = m.groups()
+        lhs, entry, work, operands, types = m.groups()
         names = tuple(o.strip().lstrip("%") for o in operands.split(","))
-        out.append((entry, work, names, None if tied.startswith("%") else result.lstrip("%")))
+        new = [r.lstrip("%") for r, t in zip(lhs.split(", "), _results(types)) if not t.startswith("%")]
+        assert len(new) <= 1, m.group(0)
+        out.append((entry, work, names, new[0] if new else None))
     return out
 
 
@@ -178,7 +203,8 @@ def test_dispatches_are_the_templates(spec):
     if spec.op == "upsample_bilinear2d_backward":
         assert taken == 0
     elif spec.op == "grid_sampler_2d_backward":
-        assert taken == (3 if params["atomic_dx"] else 1)
+        points = params["atomic_dx"] and spec.interpolation_mode != "nearest"
+        assert taken == (4 if points else 3 if params["atomic_dx"] else 1)
     else:
         assert taken == 1
 
@@ -189,9 +215,9 @@ def test_deterministic_and_ordered_forms_stay_on_iree():
     assert _cuda.dispatches(s, params, s.kernel_name + "_deterministic") is None
     assert _cuda.dispatches(s, params, s.kernel_name + "_dx_deterministic") is None
     assert _cuda.dispatches(s, {**params, "atomic_dx": False}, s.kernel_name) is None
-    assert _cuda.dispatches(s, {**params, "atomic_dx": False}, s.kernel_name + "_dgrid") == (_cuda.GRID_DGRID,)
+    assert _cuda.dispatches(s, {**params, "atomic_dx": False}, s.kernel_name + "_dgrid") == (TG.GRID_DGRID,)
     n = GridSamplerSpec("nearest", "zeros", False)
-    assert _cuda.dispatches(n, n.template_params(CUDA), n.kernel_name) == (_cuda.GRID_DX_ATOMIC,)  # grad_grid: zeros
+    assert _cuda.dispatches(n, n.template_params(CUDA), n.kernel_name) == (TG.GRID_DX_ATOMIC,)  # grad_grid: zeros
 
 
 # ----------------------------------------------------------------------------- a call's launches vs the PTX
@@ -207,12 +233,15 @@ class _Recorded:
                               cuda.pack(self.entries[name], addresses, constants)))
 
 
-def _plan(modules, spec):
+def _plan(modules, spec, function=None):
+    """The CudaPlan of `function` (default: the module's first) of the sampled CUDA module of
+    `spec`, launching into a _Recorded; and the module's PTX entries."""
     entries = _entries(modules[spec.kernel_name][1])
     params = spec.template_params(CUDA)
-    steps = _cuda.dispatches(spec, params, spec.function_names(CUDA)[0])
-    scales = torch.tensor([0.5, 0.5]) if spec.op == "upsample_bilinear2d" else None
-    return _cuda.CudaPlan(spec, params, steps, _Recorded(entries), scales), entries
+    steps = _cuda.dispatches(spec, params, function or spec.function_names(CUDA)[0])
+    op = TG if spec.op.startswith("grid") else TU
+    scales = {"scales": torch.tensor([0.5, 0.5])} if spec.op == "upsample_bilinear2d" else {}
+    return _cuda.CudaPlan(steps, op.cuda_operands(spec, params, **scales), _Recorded(entries)), entries
 
 
 def _slots(packed, n):
@@ -222,23 +251,36 @@ def _slots(packed, n):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
 def test_grid_backward_launches(modules, dtype):
     """Tensors in binding order, the six sizes, workgroups covering the work: checked against
-    the sample's own module (grad_input accumulated in float32 for float16, then rounded)."""
+    the sample's own module; grad_input zeroed first, or (float16) accumulated in a zeroed
+    float32 tensor that finish() rounds into it."""
     spec = next(s for s in (s for s, _ in modules.values()) if s.op == "grid_sampler_2d_backward"
                 and s.interpolation_mode == "bilinear" and s.dtype == dtype)
     plan, entries = _plan(modules, spec)
     t = getattr(torch, dtype)
     go, x, g = torch.randn(2, 3, 5, 7, dtype=t), torch.randn(2, 3, 4, 6, dtype=t), torch.rand(2, 5, 7, 2, dtype=t)
     dx, dgrid = torch.full_like(x, float("nan")), torch.empty_like(g)
-    launches, values = plan.launches((go, x, g), (dx, dgrid))
-    acc = values["acc0"]
-    assert acc.dtype == (torch.float64 if dtype == "float64" else torch.float32) and not acc.any()  # zeroed first
-    assert (acc is dx) == (dtype != "float16")
+    launches, finish = plan.launches((go, x, g), (dx, dgrid))
+    acc = launches[0][2][2]
+    assert (acc == dx.data_ptr()) == (dtype != "float16") and (finish is None) == (dtype != "float16")
+    if finish is not None:
+        assert dx.isnan().all()
+        finish()  # the float32 accumulator (zeros: nothing was launched) rounded into dx
+    assert not dx.any()
     sizes = [2, 3, 4, 6, 5, 7]
     assert [(e, w) for e, w, _, _ in launches] == [("dx_atomic", 2 * 3 * 35), ("dgrid_points_gpu", 2 * 35)]
-    assert launches[0][2:] == ([go.data_ptr(), g.data_ptr(), acc.data_ptr()], sizes)
+    assert launches[0][2:] == ([go.data_ptr(), g.data_ptr(), acc], sizes)
     assert launches[1][2:] == ([go.data_ptr(), x.data_ptr(), g.data_ptr(), dgrid.data_ptr()], sizes)
     for entry, work, addresses, constants in launches:
         assert _slots(cuda.pack(entries[entry], addresses, constants), 3 + 6 + (entry != "dx_atomic")) == addresses + sizes
+    # CUDA's calls of both gradients: the one-pass function (specs.GPU_POINTS_TARGETS)
+    function = spec.function_name((True, True), False, CUDA)
+    assert function == spec.kernel_name + "_points"
+    plan, _ = _plan(modules, spec, function)
+    (launch,), _ = plan.launches((go, x, g), (dx, dgrid))
+    acc = launch[2][3]
+    assert launch == ("dx_dgrid_points", 2 * 35, [go.data_ptr(), x.data_ptr(), g.data_ptr(), acc, dgrid.data_ptr()],
+                      sizes)
+    assert _slots(cuda.pack(entries["dx_dgrid_points"], *launch[2:]), 11) == launch[2] + sizes
 
 
 def test_forward_launches(modules):
@@ -251,13 +293,14 @@ def test_forward_launches(modules):
     assert launch == ("sample_gpu", 3 * 4 * -(-40 // fwd.template_params(CUDA)["gpu_cblock"]),
                       [x.data_ptr(), g.data_ptr(), out.data_ptr()], [1, 40, 8, 9, 3, 4])
     cuda.pack(entries["sample_gpu"], *launch[2:])
-    up = next(s for s, _ in modules.values() if s.op == "upsample_bilinear2d" and s.layout == "NHWC")
-    plan, entries = _plan(modules, up)
-    x, out = torch.randn(2, 4, 5, 3), torch.empty(2, 8, 10, 3)  # NHWC as (N, H, W, C)
-    (launch,), values = plan.launches((x,), (out,))
-    assert launch == ("upsample", 2 * 3 * 8 * 10, [x.data_ptr(), values["scales"].data_ptr(), out.data_ptr()],
-                      [2, 3, 4, 5, 8, 10])
-    cuda.pack(entries["upsample"], *launch[2:])
+    for layout, x, out, sizes in (("NHWC", torch.randn(2, 4, 5, 3), torch.empty(2, 8, 10, 3), [2, 3, 4, 5, 8, 10]),
+                                  ("NCHW", torch.randn(2, 3, 4, 5), torch.empty(2, 3, 8, 10), [2, 3, 4, 5, 8, 10])):
+        up = next(s for s, _ in modules.values() if s.op == "upsample_bilinear2d" and s.layout == layout)
+        plan, entries = _plan(modules, up)
+        (launch,), _ = plan.launches((x,), (out,))  # NHWC as (N, H, W, C)
+        assert launch[:2] == ("upsample", 2 * 3 * 8 * 10) and launch[3] == sizes, layout
+        assert launch[2][0] == x.data_ptr() and launch[2][2] == out.data_ptr(), layout
+        cuda.pack(entries["upsample"], *launch[2:])
 
 
 def test_plan_declines_empty_and_misaligned_tensors_and_the_iree_launch(modules, monkeypatch):

@@ -9,7 +9,9 @@ missing CUDA driver gives.
 """
 from __future__ import annotations
 
+import collections
 import itertools
+import re
 import shutil
 import struct
 from pathlib import Path
@@ -150,6 +152,44 @@ def test_grid_sampler_vulkan_agrees_with_cpu(vulkan, mode, pad, ac, deterministi
     b_dx, b_dg = error_bounds(go, x, grid, mode, pad, ac, EPS32)
     _bounded_equal(gpu[0], cpu[0], 2 * b_dx, "grad_input")
     _bounded_equal(gpu[1], cpu[1], 2 * b_dg, "grad_grid")
+
+
+POINTS_CASES = [(0, 0, False, "float32", (2, 6, 9, 11, 7, 8)), (0, 2, True, "float32", (1, 300, 5, 6, 4, 3)),
+                (2, 1, False, "float32", (2, 6, 9, 11, 7, 8)), (2, 2, True, "float16", (2, 6, 9, 11, 7, 8)),
+                (0, 1, True, "bfloat16", (1, 260, 4, 5, 3, 3)), (0, 0, False, "float32", (3, 5, 30, 31, 33, 34))]
+
+
+@pytest.mark.parametrize("mode,pad,ac,dtype,shape", POINTS_CASES,
+                         ids=[f"m{m}p{p}ac{int(a)}_{d}_{'x'.join(map(str, s))}" for m, p, a, d, s in POINTS_CASES])
+def test_the_cuda_shaped_one_pass_runs_on_vulkan(vulkan, monkeypatch, mode, pad, ac, dtype, shape):
+    """`<kernel>_points` (CUDA's calls of both gradients: one invocation per output point walks
+    its channels, dx by atomics and grad_grid in the same pass), chosen on Vulkan for this test:
+    grad_grid has the bits of the two-dispatch form (@dgrid_points_gpu's ordered channel
+    blocks, across a block boundary where C > 256), grad_input is within twice the float32
+    bound of the CPU's (the half types': the two forms' float32 sums, each rounded once, an ulp
+    of the dtype more).  Point counts that are not a multiple of the workgroup (lavapipe loses
+    atomics in a loop its invocations leave at different steps) and several grid-stride steps."""
+    import aclnn_iree.compiler.specs as specs
+    rng = np.random.default_rng(mode * 10 + pad * 2 + ac + shape[1])
+    go, x, grid = (a.astype(DTYPES[dtype].numpy) for a in random_case(rng, shape))
+    two_pass = api.grid_sampler_2d_backward(go, x, grid, mode, pad, ac, device=vulkan)
+    chosen, real = [], GridSamplerSpec.function_name
+    monkeypatch.setattr(specs, "GPU_POINTS_TARGETS", specs.GPU_POINTS_TARGETS + ("vulkan-spirv",))
+    monkeypatch.setattr(GridSamplerSpec, "function_name",
+                        lambda self, *a, **kw: chosen.append(real(self, *a, **kw)) or chosen[-1])
+    monkeypatch.setattr(api._tls, "executors", collections.OrderedDict())  # phase 1 again: the new choice
+    points = api.grid_sampler_2d_backward(go, x, grid, mode, pad, ac, device=vulkan)
+    assert chosen and chosen[-1].endswith("_points"), chosen
+    assert points[1].tobytes() == two_pass[1].tobytes(), "grad_grid: not the two-dispatch form's bits"
+    go32, x32, grid32 = (a.astype(np.float32) for a in (go, x, grid))
+    bound = 2 * error_bounds(go32, x32, grid32, mode, pad, ac, EPS32)[0]  # two float32 sums of the same terms
+    if dtype == "float32":
+        _bounded_equal(points[0], api.grid_sampler_2d_backward(go, x, grid, mode, pad, ac)[0], bound, "grad_input")
+    else:
+        a, b = points[0].astype(np.float64), two_pass[0].astype(np.float64)
+        info = ml_dtypes.finfo(DTYPES[dtype].numpy)
+        mag = np.maximum(np.maximum(np.abs(a), np.abs(b)), float(info.smallest_normal))
+        _bounded_equal(a, b, bound + float(info.eps) * 2.0 ** np.floor(np.log2(mag)), "grad_input")
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
@@ -395,10 +435,17 @@ def test_cuda_artifacts_compile_for_every_mode_padding_and_dtype():
 KNOWN_SPILLS = {
     "sm_80": {("grid_sampler_2d_backward_bicubic_zeros_ac0_f64", "dgrid_points_gpu"): 8,
               ("grid_sampler_2d_backward_bicubic_zeros_ac0_f64", "dx_atomic"): 16,
+              # the one-pass f64 bicubic (16 taps' weights and derivatives live across the channel walk)
+              ("grid_sampler_2d_backward_bicubic_zeros_ac1_f64", "dx_dgrid_points"): 8,
+              ("grid_sampler_2d_backward_bicubic_border_ac1_f64", "dx_dgrid_points"): 8,
+              ("grid_sampler_2d_backward_bicubic_reflection_ac0_f64", "dx_dgrid_points"): 4,
+              ("grid_sampler_2d_backward_bicubic_reflection_ac1_f64", "dx_dgrid_points"): 4,
               # the forward's per-point f64 kernel (16 channels per invocation): a double each
               ("grid_sampler_2d_bilinear_border_ac0_f64", "sample_gpu"): 8,
               ("grid_sampler_2d_bilinear_zeros_ac0_f64", "sample_gpu"): 8},
-    "sm_90": {("grid_sampler_2d_bicubic_reflection_ac1_f64", "sample_gpu"): 4},
+    "sm_90": {("grid_sampler_2d_bicubic_reflection_ac1_f64", "sample_gpu"): 4,
+              ("grid_sampler_2d_backward_bicubic_zeros_ac0_f64", "dx_dgrid_points"): 24,
+              ("grid_sampler_2d_backward_bicubic_border_ac0_f64", "dx_dgrid_points"): 24},
 }
 
 
@@ -451,8 +498,7 @@ def test_the_build_records_ptxas_and_the_report_sees_spills_and_errors(tmp_path)
     assert store.manifest()["artifacts"][f"cuda/{spec.kernel_name}"]["ptxas"] == free
     ptx = ptx_images(vmfb)[0]
     assert ".maxntid 64, 1, 1\n" in ptx
-    squeezed = ptxas_report(_as_module(ptx.replace(".maxntid 64, 1, 1\n", ".maxntid 64, 1, 1\n.maxnreg 24\n")),
-                            "sm_80")
+    squeezed = ptxas_report(_as_module(re.sub(r"(\.maxntid [0-9, ]+\n)", r"\1.maxnreg 24\n", ptx)), "sm_80")
     assert set(squeezed["kernels"]) == set(free["kernels"])
     assert all(k["registers"] <= 24 for k in squeezed["kernels"].values())
     heavy = {n for n, k in free["kernels"].items() if k["registers"] > 64}

@@ -19,10 +19,12 @@ from ..core.tensors import no_storage
 from ..ops.grid_sampler import INTERPOLATION_NAMES, OPERATOR, PADDING_NAMES, call_kind
 from ..ops.grid_sampler_forward import OPERATOR as FORWARD
 from . import _bridge as B
+from . import _cuda as CU
 from . import _library as L
 from . import override as O
 
-__all__ = ["grid_sampler_2d_backward", "grid_sampler_2d", "grid_sample", "grid_sampler_backward", "ATEN_OVERRIDES"]
+__all__ = ["grid_sampler_2d_backward", "grid_sampler_2d", "grid_sample", "grid_sampler_backward", "ATEN_OVERRIDES",
+           "cuda_dispatches", "cuda_operands"]
 
 
 
@@ -80,6 +82,70 @@ def grid_sampler_forward(name, input, grid, interpolation_mode, padding_mode, al
         api.run_grid_sampler_forward(run.stream, storages, mode, padding, align_corners, read=B.reader([out]),
                                      kept=B.planner(key, run, x.dtype), form=form)
     return out
+
+
+# ----------------------------------------------------------------------------- CUDA stream launch
+# The GPU dispatches of the grid samplers' exported functions as their templates' host
+# functions issue them (_cuda.Dispatch; tests/test_cuda_launch.py holds them to the templates):
+# templates/grid_sampler_2d_backward/gpu_host.mlir.j2 (gpu_dx atomic, gpu_dgrid, gpu_points) ...
+GRID_DX_ATOMIC = CU.Dispatch("dx_atomic", "NCP", CU.SIZES + ("grad_output", "grid", "acc0"), None)
+GRID_DGRID = CU.Dispatch("dgrid_points_gpu", "NP", CU.SIZES + ("grad_output", "input", "grid"), "dgrid")
+GRID_POINTS = CU.Dispatch("dx_dgrid_points", "NP", CU.SIZES + ("grad_output", "input", "grid", "acc0"), "dgrid")
+# ... and templates/grid_sampler_2d/host.mlir.j2
+GRID_FORWARD = CU.Dispatch("sample_gpu", "work", CU.SIZES + ("input", "grid"), "output")
+
+
+def cuda_dispatches(spec, params: dict, function: str):
+    """The dispatches, in order, of `function` of a grid sampler's CUDA module (`params`: its
+    template parameters), or None where the stream launch leaves it to IREE's runtime: the
+    deterministic forms (their workspace of dx copies) and dx without float atomics."""
+    suffix = function[len(spec.kernel_name):]
+    if spec.op == FORWARD.name:
+        return (GRID_FORWARD,) if suffix == "" else None
+    if suffix not in ("", "_dx", "_dgrid", "_points") or (suffix != "_dgrid" and not params["atomic_dx"]):
+        return None
+    if suffix == "_points":
+        return (GRID_POINTS,)
+    steps = () if suffix == "_dgrid" else (GRID_DX_ATOMIC,)
+    if suffix != "_dx" and spec.interpolation_mode != "nearest":  # nearest's grad_grid is zeros
+        steps += (GRID_DGRID,)
+    return steps
+
+
+def cuda_operands(spec, params: dict, ex=None, device_index: int = 0):
+    """operands(inputs, outputs) -> (the dispatches' operands by SSA name, finish or None) of a
+    grid sampler's CUDA call (inputs, outputs: as the Plan's).  The backward's accumulator is
+    zeroed first: grad_input itself, or (float16, bfloat16) a float32 one that finish() rounds
+    into grad_input to nearest even, as the module's arith.truncf; nearest's grad_grid is
+    zeroed (it has no dispatch)."""
+    if spec.op == FORWARD.name:
+        cblock = params["gpu_cblock"]
+
+        def forward(inputs, outputs):
+            (x, g), (out,) = inputs, outputs
+            (N, C, H, W), (Ho, Wo) = x.shape, g.shape[1:3]
+            return {"input": x, "grid": g, "output": out, "work": N * -(-C // cblock) * Ho * Wo,
+                    **dict(zip(CU.SIZES, (N, C, H, W, Ho, Wo)))}, None
+        return forward
+    acc = None if params["accum_type"] == params["storage_type"] else CU.TORCH_DTYPES[params["accum_type"]]
+    nearest = spec.interpolation_mode == "nearest"
+
+    def backward(inputs, outputs):
+        (go, x, g), (dx, dgrid) = inputs, outputs
+        (N, C, H, W), (Ho, Wo) = x.shape, go.shape[2:]
+        values = {"grad_output": go, "input": x, "grid": g, "dgrid": dgrid, "NCP": N * C * Ho * Wo,
+                  "NP": N * Ho * Wo, **dict(zip(CU.SIZES, (N, C, H, W, Ho, Wo)))}
+        finish = None
+        if dx is not None:
+            if acc is None:
+                values["acc0"] = dx.zero_()
+            else:
+                a = values["acc0"] = torch.zeros(dx.shape, dtype=acc, device=dx.device)
+                finish = lambda: dx.copy_(a)  # noqa: E731
+        if dgrid is not None and nearest:
+            dgrid.zero_()
+        return values, finish
+    return backward
 
 
 # ----------------------------------------------------------------------------- backward op

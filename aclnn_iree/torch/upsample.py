@@ -15,13 +15,16 @@ from torch import Tensor
 
 from ..core import aclnn as A
 from ..core import api
+from ..core.tensors import read_back
 from ..ops.upsample import OPERATOR, call_kind
 from ..ops.upsample_forward import OPERATOR as FORWARD
 from . import _bridge as B
+from . import _cuda as CU
 from . import _library as L
 from . import override as O
 
-__all__ = ["upsample_bilinear2d_backward", "upsample_bilinear2d", "interpolate", "upsample_backward", "ATEN_OVERRIDES"]
+__all__ = ["upsample_bilinear2d_backward", "upsample_bilinear2d", "interpolate", "upsample_backward", "ATEN_OVERRIDES",
+           "cuda_dispatches", "cuda_operands"]
 
 
 
@@ -90,6 +93,35 @@ def upsample_forward(name, input, output_size, align_corners, scales_h, scales_w
                                  read=B.reader([out.permute(0, 2, 3, 1) if nhwc else out]),
                                  kept=B.planner(key, run, x.dtype), form=form)
     return out
+
+
+# ----------------------------------------------------------------------------- CUDA stream launch
+# templates/upsample_bilinear2d/host.mlir.j2's one dispatch (_cuda.Dispatch; tests/test_cuda_launch.py
+# holds it to the template).  The backward's host function computes its window lengths and its
+# intermediate's shape itself: it stays on IREE's runtime.
+UPSAMPLE_FORWARD = CU.Dispatch("upsample", "work", CU.SIZES + ("flat", "scales"), "of")
+
+
+def cuda_dispatches(spec, params: dict, function: str):
+    """The dispatches of `function` of an upsample's CUDA module, or None (the backward)."""
+    return (UPSAMPLE_FORWARD,) if spec.op == FORWARD.name and function == spec.kernel_name else None
+
+
+def cuda_operands(spec, params: dict, ex=None, device_index: int = 0, scales=None):
+    """operands(inputs, outputs) -> (the dispatch's operands by SSA name, None) of the forward's
+    CUDA call (NHWC tensors as their (N, H, W, C) permutation): `scales`, the (rh, rw) CUDA
+    tensor in the op-math type, else the kept executor `ex`'s own, copied to the GPU once."""
+    if scales is None:
+        scales = torch.from_numpy(read_back(ex.bound[1].storage, ex.device).copy()).to(f"cuda:{device_index}")
+    nhwc = spec.layout == "NHWC"
+
+    def forward(inputs, outputs):
+        (x,), (out,) = inputs, outputs
+        (N, H, W, C), (Ho, Wo) = (x.shape, out.shape[1:3]) if nhwc else ((x.shape[0], *x.shape[2:], x.shape[1]),
+                                                                          out.shape[2:])
+        return {"flat": x, "scales": scales, "of": out, "work": N * C * Ho * Wo,
+                **dict(zip(CU.SIZES, (N, C, H, W, Ho, Wo)))}, None
+    return forward
 
 
 # ----------------------------------------------------------------------------- backward op
