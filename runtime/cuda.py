@@ -170,8 +170,10 @@ class Driver:
             self._lib.cuGetErrorName(rc, ctypes.byref(name))
             raise CudaError(f"{call} failed: {(name.value or b'CUDA error').decode()} ({rc})")
 
-    def context(self, ordinal: int) -> int:
-        """Device `ordinal`'s primary context (PyTorch's and IREE's), made current on this thread."""
+    def enter(self, ordinal: int):
+        """Makes device `ordinal`'s primary context (PyTorch's and IREE's) current on this thread;
+        returns the context that was current before, for `leave` (the thread's current device,
+        as the CUDA runtime and PyTorch see it, must not change under the caller)."""
         ctx = self._contexts.get(ordinal)
         if ctx is None:
             dev, c = ctypes.c_int(), ctypes.c_void_p()
@@ -182,7 +184,14 @@ class Driver:
         self.check(self._lib.cuCtxGetCurrent(ctypes.byref(current)), "cuCtxGetCurrent")
         if current.value != ctx:
             self.check(self._lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
-        return ctx
+        return current.value
+
+    def leave(self, previous):
+        """Makes `previous` (what `enter` returned) current again where it was another context."""
+        current = ctypes.c_void_p()
+        self._lib.cuCtxGetCurrent(ctypes.byref(current))
+        if current.value != previous:
+            self.check(self._lib.cuCtxSetCurrent(previous), "cuCtxSetCurrent")
 
     def load(self, ptx: str, names) -> dict:
         """{name: CUfunction} of the kernels `names` of a PTX image, loaded (JIT-compiled by the
@@ -226,17 +235,27 @@ class Executable:
     def __init__(self, drv: Driver, ordinal: int, images):
         self._driver, self.ordinal = drv, ordinal
         self.entries, self._functions = {}, {}
-        drv.context(ordinal)
-        for ptx in images:
-            entries = ptx_entries(ptx)
-            self.entries.update(entries)
-            self._functions.update(drv.load(ptx, entries))
+        previous = drv.enter(ordinal)
+        try:
+            for ptx in images:
+                entries = ptx_entries(ptx)
+                self.entries.update(entries)
+                self._functions.update(drv.load(ptx, entries))
+        finally:
+            drv.leave(previous)
 
     def launch(self, name: str, work: int, addresses, constants, stream: int):
+        """cuLaunchKernel of kernel `name` over `work` items on `stream`, in the device's primary
+        context (the thread's current context is put back after).  Raises KeyError for a kernel
+        the module lacks, ValueError for arguments it does not take, CudaError."""
         entry = self.entries[name]
-        self._driver.context(self.ordinal)
-        self._driver.launch(self._functions[name], (workgroups(work, entry.block[0]), 1, 1), entry.block, stream,
-                            pack(entry, addresses, constants), name)
+        packed = pack(entry, addresses, constants)
+        previous = self._driver.enter(self.ordinal)
+        try:
+            self._driver.launch(self._functions[name], (workgroups(work, entry.block[0]), 1, 1), entry.block, stream,
+                                packed, name)
+        finally:
+            self._driver.leave(previous)
 
 
 _executables = {}

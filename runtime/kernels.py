@@ -75,9 +75,16 @@ class LoadedModule:
             raise ModuleLoadError(f"cannot load module {path} ({spec.kernel_name}): {e}; delete it or run "
                                   "`aclnn-iree build` to rebuild it") from None
         self._kernels = {}
-        # A CUDA module's PTX and identity, for the torch layer's stream launch (runtime.cuda)
-        self.ptx, self.identity = ((), None) if target is None or target.name != "cuda" else (
-            tuple(ptx_images(vmfb)), (path, hashlib.sha256(vmfb).hexdigest()))
+        # a CUDA module's bytes, for the torch layer's stream launch (cuda_image, on first use)
+        self._vmfb = vmfb if target is not None and target.name == "cuda" else None
+
+    def cuda_image(self) -> tuple:
+        """(identity, PTX texts) of a CUDA module for runtime.cuda.executable: the identity is its
+        path and sha256.  Raises ValueError for another target's module or PTX that does not
+        frame as IREE writes it (compiler.reflect.ptx_images)."""
+        if self._vmfb is None:
+            raise ValueError(f"module {self.path} is not a CUDA module")
+        return (self.path, hashlib.sha256(self._vmfb).hexdigest()), tuple(ptx_images(self._vmfb))
 
     def kernel(self, function_name: str) -> "Kernel":
         k = self._kernels.get(function_name)

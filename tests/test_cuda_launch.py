@@ -354,3 +354,34 @@ def test_a_module_the_driver_cannot_load_leaves_the_calls_on_iree(monkeypatch):
         kept(None, None)
     kept(None, None)  # warned once
     assert _bridge.plan(("grid_sampler_2d", "cuda")) is None
+
+
+def test_linalg_forms_and_missing_kernels_take_no_stream_launch(modules, monkeypatch):
+    """A linalg form's module holds IREE's own dispatches: no stream launch; a module without a
+    kernel a step launches (or taking other arguments) is refused when the plan is made, not at
+    a later call."""
+    import dataclasses
+    import types
+    from aclnn_iree.runtime import kernels
+    for s in (GridSamplerSpec("bilinear", "zeros", False), GridSampler2dSpec("bilinear", "zeros", False),
+              UpsampleBilinear2dSpec(False)):
+        lin = dataclasses.replace(s, form="linalg")
+        assert _cuda.dispatches(lin, lin.template_params(CUDA), lin.function_names(CUDA)[0]) is None
+    fwd = next(s for s, _ in modules.values() if s.op == "grid_sampler_2d" and s.dtype == "float32")
+    bwd = next(s for s, _ in modules.values() if s.op == "grid_sampler_2d_backward" and s.dtype == "float32"
+               and s.interpolation_mode == "bilinear")
+    monkeypatch.setattr(cuda, "executable", lambda key, index, images: types.SimpleNamespace(
+        entries={k: v for ptx in images for k, v in cuda.ptx_entries(ptx).items()}))
+
+    def executor(spec, vmfb):  # a kept executor of `spec` whose module holds `vmfb`'s PTX
+        module = types.SimpleNamespace(spec=spec, target=CUDA, path="m.vmfb",
+                                       cuda_image=lambda: (("m.vmfb", "0"), tuple(ptx_images(vmfb))))
+        return types.SimpleNamespace(kernel=types.SimpleNamespace(module=module, name=spec.kernel_name))
+    plan = _cuda.plan_for(executor(fwd, modules[fwd.kernel_name][1]), 0, "e")
+    assert isinstance(plan, _cuda.CudaPlan)
+    with pytest.raises(ValueError, match="has no kernel sample_gpu taking the arguments"):
+        _cuda.plan_for(executor(fwd, modules[bwd.kernel_name][1]), 0, "e")  # another module in its place
+    monkeypatch.setenv(_cuda.LAUNCH_ENV, "stream")
+    monkeypatch.setattr(kernels, "generation", kernels.generation + 1)  # the modules were unloaded since
+    x, g = torch.randn(1, 2, 3, 3), torch.rand(1, 2, 2, 2)
+    assert plan((x, g), (torch.empty(1, 2, 2, 2),)) is False

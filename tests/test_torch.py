@@ -690,9 +690,10 @@ def _count_stream_launches(monkeypatch):
 @pytest.mark.parametrize("dtype", [F32, F64, F16, BF16], ids=lambda d: d.name)
 def test_cuda_stream_launch_gives_the_iree_launchs_results(dtype, monkeypatch):
     """ACLNN_IREE_CUDA_LAUNCH=stream: after a signature's first call, the forwards and the grid
-    backward launch on PyTorch's current stream (a side stream here, never synchronised by us):
-    the same bits as IREE's launch of the same kernels, except grad_input's atomic sums, which are
-    within the dtype's bound of the reference."""
+    backward (both gradients in one pass, each alone in the two-pass form's dispatches) launch on
+    PyTorch's current stream (a side stream here, never synchronised by us): the same bits as
+    IREE's launch of the same kernels, except grad_input's atomic sums, which are within the
+    dtype's bound of the reference."""
     require_device("cuda")
     launched = _count_stream_launches(monkeypatch)
     case = grid_case(0, 1, False, "random")
@@ -703,10 +704,13 @@ def test_cuda_stream_launch_gives_the_iree_launchs_results(dtype, monkeypatch):
 
     def step():
         xt, gt = (_t(a, dtype).cuda().requires_grad_(True) for a in (x, grid))
+        gout = _t(go, dtype).cuda()
         out = AT.grid_sample(xt, gt, padding_mode="border")
-        out.backward(_t(go, dtype).cuda())
+        out.backward(gout)  # both gradients: CUDA's one pass (<kernel>_points)
+        (dx_only,) = torch.autograd.grad(AT.grid_sample(xt, gt.detach(), padding_mode="border"), xt, gout)
+        (dgrid_only,) = torch.autograd.grad(AT.grid_sample(xt.detach(), gt, padding_mode="border"), gt, gout)
         up = AT.interpolate(u.cuda().contiguous(memory_format=torch.channels_last), size=(Ho, Wo))
-        return [t.detach().cpu() for t in (out, xt.grad, gt.grad, up)]
+        return [t.detach().cpu() for t in (out, xt.grad, gt.grad, up, dx_only, dgrid_only)]
 
     monkeypatch.setenv("ACLNN_IREE_CUDA_LAUNCH", "iree")
     iree = step()
@@ -717,12 +721,14 @@ def test_cuda_stream_launch_gives_the_iree_launchs_results(dtype, monkeypatch):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         streamed = step()
-    assert {"sample_gpu", "dx_atomic", "dgrid_points_gpu", "upsample"} <= set(launched)
-    for i, what in ((0, "output"), (2, "grad_grid"), (3, "upsampled")):
+    assert {"sample_gpu", "dx_dgrid_points", "dx_atomic", "dgrid_points_gpu", "upsample"} <= set(launched)
+    for i, what in ((0, "output"), (2, "grad_grid"), (3, "upsampled"), (5, "grad_grid alone")):
         assert torch.equal(streamed[i].view(torch.int16) if dtype == BF16 else streamed[i],
                            iree[i].view(torch.int16) if dtype == BF16 else iree[i]), what
-    _check_bound(streamed[1], case.reference(dtype)["dx"], case.abs_sums(dtype)["dx"], dtype, iree[1],
-                 f"stream launch {dtype.name} dx")
+    assert torch.equal(streamed[2], streamed[5]), "one pass and grad_grid alone: the same bits"
+    for i in (1, 4):  # atomic sums: within the dtype's bound of the reference
+        _check_bound(streamed[i], case.reference(dtype)["dx"], case.abs_sums(dtype)["dx"], dtype, iree[i],
+                     f"stream launch {dtype.name} dx")
 
 
 @needs_cuda

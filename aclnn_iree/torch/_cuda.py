@@ -30,7 +30,7 @@ from torch._C._profiler import _RecordFunctionFast
 from torch.autograd import _profiler_enabled
 
 from ..core.errors import ACLNN_ERR_RUNTIME_ERROR, AclnnError
-from ..runtime import cuda
+from ..runtime import cuda, kernels
 
 __all__ = ["LAUNCH_ENV", "stream_launch", "Dispatch", "SIZES", "TORCH_DTYPES", "dispatches", "CudaPlan", "plan_for"]
 
@@ -95,12 +95,14 @@ class CudaPlan:
     (ACLNN_ERR_RUNTIME_ERROR) when the driver refuses a launch.
 
     steps: the function's Dispatches; operands: its operator's (see _torch_module); exe: the
-    module's runtime.cuda.Executable."""
+    module's runtime.cuda.Executable; generation: runtime.kernels.generation when it was made
+    (default: now): a plan made before the modules were unloaded declines, as _bridge.Plan."""
 
-    __slots__ = ("_steps", "_operands", "_exe", "_event")
+    __slots__ = ("_steps", "_operands", "_exe", "_event", "_generation")
 
-    def __init__(self, steps, operands, exe, event: str = ""):
+    def __init__(self, steps, operands, exe, event: str = "", generation=None):
         self._steps, self._operands, self._exe, self._event = steps, operands, exe, event
+        self._generation = kernels.generation if generation is None else generation
 
     def launches(self, inputs, outputs):
         """([(entry, work items, binding addresses, push constants)] of a call in order, its
@@ -114,8 +116,8 @@ class CudaPlan:
         return out, finish
 
     def __call__(self, inputs, outputs) -> bool:
-        if not stream_launch():  # switched back to IREE's runtime since the plan was made
-            return False
+        if not stream_launch() or self._generation != kernels.generation:
+            return False  # switched back to IREE's runtime, or the modules were unloaded, since the plan was made
         for t in (*inputs, *outputs):
             if t is not None and (not t.numel() or t.data_ptr() % 16):
                 return False
@@ -140,14 +142,25 @@ class CudaPlan:
 
 def plan_for(ex, device_index: int, event: str):
     """The CudaPlan of a kept executor `ex` of a CUDA module (on CUDA device `device_index`),
-    or None where the stream launch does not take its function.  Raises runtime.cuda.CudaError
-    where the driver cannot load the module, ValueError where its PTX is not what the launch
-    path launches."""
+    or None where the stream launch does not take its function (a linalg form's, one of those
+    cuda_dispatches leaves to IREE).  Raises runtime.cuda.CudaError where the driver cannot load
+    the module, ValueError where the module lacks a kernel the steps launch or its PTX is not
+    what the launch path launches."""
     module = ex.kernel.module
-    spec, params = module.spec, module.spec.template_params(module.target)
+    spec = module.spec
+    if spec.linalg:  # IREE's own dispatches, named and shaped by its code generation
+        return None
+    params = spec.template_params(module.target)
     op = _torch_module(spec)
     steps = op.cuda_dispatches(spec, params, ex.kernel.name)
     if steps is None:
         return None
-    exe = cuda.executable(module.identity, device_index, module.ptx)
-    return CudaPlan(steps, op.cuda_operands(spec, params, ex, device_index), exe, event)
+    identity, images = module.cuda_image()
+    exe = cuda.executable(identity, device_index, images)
+    for step in steps:  # the module has each kernel, taking what the step passes
+        e = exe.entries.get(step.entry)
+        if e is None or (e.bindings, e.constants) != (len(step.operands) - len(SIZES) + (step.result is not None),
+                                                      len(SIZES)):
+            raise ValueError(f"module {module.path} has no kernel {step.entry} taking the arguments the stream "
+                             "launch passes")
+    return CudaPlan(steps, op.cuda_operands(spec, params, ex, device_index), exe, event, kernels.generation)

@@ -98,8 +98,11 @@ GRID_FORWARD = CU.Dispatch("sample_gpu", "work", CU.SIZES + ("input", "grid"), "
 def cuda_dispatches(spec, params: dict, function: str):
     """The dispatches, in order, of `function` of a grid sampler's CUDA module (`params`: its
     template parameters), or None where the stream launch leaves it to IREE's runtime: the
-    deterministic forms (their workspace of dx copies) and dx without float atomics."""
+    linalg forms, the deterministic forms (their workspace of dx copies) and dx without float
+    atomics."""
     suffix = function[len(spec.kernel_name):]
+    if spec.linalg:  # IREE's own dispatches
+        return None
     if spec.op == FORWARD.name:
         return (GRID_FORWARD,) if suffix == "" else None
     if suffix not in ("", "_dx", "_dgrid", "_points") or (suffix != "_dgrid" and not params["atomic_dx"]):

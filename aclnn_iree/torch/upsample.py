@@ -103,8 +103,9 @@ UPSAMPLE_FORWARD = CU.Dispatch("upsample", "work", CU.SIZES + ("flat", "scales")
 
 
 def cuda_dispatches(spec, params: dict, function: str):
-    """The dispatches of `function` of an upsample's CUDA module, or None (the backward)."""
-    return (UPSAMPLE_FORWARD,) if spec.op == FORWARD.name and function == spec.kernel_name else None
+    """The dispatches of `function` of an upsample's CUDA module, or None (the backward, the
+    linalg forms)."""
+    return (UPSAMPLE_FORWARD,) if spec.op == FORWARD.name and not spec.linalg and function == spec.kernel_name else None
 
 
 def cuda_operands(spec, params: dict, ex=None, device_index: int = 0, scales=None):
