@@ -64,14 +64,15 @@ run() {  # name, timeout (s), command...
 # JAX (where installed) must not take three quarters of the GPU's memory at its first use.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
 # --maxfail: one device-time slot should show every kind of failure, not only the first;
-# compile-only tests are deselected (the modules came built); -n 0: one process, one CUDA
-# context, timings as the earlier runs (the suite's default is a worker per CPU).
+# compile-only tests are deselected (the modules came built); addopts without pyproject's -n:
+# one process, one CUDA context, timings as the earlier runs, and no pytest-xdist needed (the
+# GPU machines' Python may lack it; .gpu/whl does not carry it).
 run "numerical suites on $DEV (the CPU is the cross-device reference)" 210 \
-    env ACLNN_IREE_TEST_DEVICES=$DEV $PY -m pytest -q -n 0 -rf --maxfail=30 -p no:cacheprovider --rootdir "$REPO" \
+    env ACLNN_IREE_TEST_DEVICES=$DEV $PY -m pytest -q -o "addopts=-m 'not slow'" -rf --maxfail=30 -p no:cacheprovider --rootdir "$REPO" \
     "$REPO/tests/test_devices.py" "$REPO/tests/grid_sampler_2d_backward/test_grid_sampler.py" "$REPO/tests/test_dtypes.py" \
     -k "not artifact_compiles and not artifacts_compile and not test_named_gpu_arch and not ptxas"
 run "PyTorch integration on CUDA tensors (DLPack to IREE's cuda device)" 90 \
-    $PY -m pytest -q -n 0 -rf -x -p no:cacheprovider --rootdir "$REPO" "$REPO/tests/test_torch.py" -k cuda
+    $PY -m pytest -q -o "addopts=-m 'not slow'" -rf -x -p no:cacheprovider --rootdir "$REPO" "$REPO/tests/test_torch.py" -k cuda
 # --peers: torch.compile on the same device too, and JAX where installed (the H200 image has it).
 run "benchmark on $DEV (PyTorch eager and torch.compile on the same device beside it)" 150 \
     $PY -m aclnn_iree bench --device $DEV --quick --no-compile --repeats 10 --peers
