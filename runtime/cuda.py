@@ -94,8 +94,8 @@ def workgroups(work: int, block_x: int) -> int:
 
 
 class Packed:
-    """Kernel parameters for cuLaunchKernel: `params` (void*[n], `.pointer` for the call)
-    points at one 8-byte slot per parameter (`slots`), a binding's address or a constant's 32
+    """Kernel parameters for cuLaunchKernel: `params` (void*[n], its kernelParams) points at
+    one 8-byte slot per parameter (`slots`), a binding's address or a constant's 32
     bits, as IREE's CUDA HAL passes them.  Keep it alive until the launch call returns (the
     driver copies the values at launch)."""
 
@@ -106,10 +106,6 @@ class Packed:
         self.slots = (ctypes.c_uint64 * n)(*values)
         base = ctypes.addressof(self.slots)
         self.params = (ctypes.c_void_p * n)(*(base + 8 * i for i in range(n)))
-
-    @property
-    def pointer(self):
-        return self.params
 
 
 def pack(entry: Entry, addresses, constants) -> Packed:
@@ -186,11 +182,9 @@ class Driver:
             self.check(self._lib.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
         return current.value
 
-    def leave(self, previous):
-        """Makes `previous` (what `enter` returned) current again where it was another context."""
-        current = ctypes.c_void_p()
-        self._lib.cuCtxGetCurrent(ctypes.byref(current))
-        if current.value != previous:
+    def leave(self, previous, ordinal: int):
+        """Makes `previous` (what `enter(ordinal)` returned) current again where enter replaced it."""
+        if previous != self._contexts[ordinal]:
             self.check(self._lib.cuCtxSetCurrent(previous), "cuCtxSetCurrent")
 
     def load(self, ptx: str, names) -> dict:
@@ -209,7 +203,7 @@ class Driver:
     def launch(self, function: int, grid: tuple, block: tuple, stream: int, packed: Packed, name: str = "kernel"):
         """cuLaunchKernel on `stream` (a CUstream handle; 0 is the legacy default stream)."""
         rc = self._launch(function, grid[0], grid[1], grid[2], block[0], block[1], block[2], 0, stream,
-                          packed.pointer, None)
+                          packed.params, None)
         if rc:
             self.check(rc, f"cuLaunchKernel({name})")
 
@@ -242,7 +236,7 @@ class Executable:
                 self.entries.update(entries)
                 self._functions.update(drv.load(ptx, entries))
         finally:
-            drv.leave(previous)
+            drv.leave(previous, ordinal)
 
     def launch(self, name: str, work: int, addresses, constants, stream: int):
         """cuLaunchKernel of kernel `name` over `work` items on `stream`, in the device's primary
@@ -255,7 +249,7 @@ class Executable:
             self._driver.launch(self._functions[name], (workgroups(work, entry.block[0]), 1, 1), entry.block, stream,
                                 packed, name)
         finally:
-            self._driver.leave(previous)
+            self._driver.leave(previous, self.ordinal)
 
 
 _executables = {}

@@ -77,14 +77,17 @@ class LoadedModule:
         self._kernels = {}
         # a CUDA module's bytes, for the torch layer's stream launch (cuda_image, on first use)
         self._vmfb = vmfb if target is not None and target.name == "cuda" else None
+        self._cuda_image = None
 
     def cuda_image(self) -> tuple:
-        """(identity, PTX texts) of a CUDA module for runtime.cuda.executable: the identity is its
-        path and sha256.  Raises ValueError for another target's module or PTX that does not
-        frame as IREE writes it (compiler.reflect.ptx_images)."""
-        if self._vmfb is None:
-            raise ValueError(f"module {self.path} is not a CUDA module")
-        return (self.path, hashlib.sha256(self._vmfb).hexdigest()), tuple(ptx_images(self._vmfb))
+        """(identity, PTX texts) of a CUDA module for runtime.cuda.executable, read once: the
+        identity is its path and sha256.  Raises ValueError for another target's module or PTX
+        that does not frame as IREE writes it (compiler.reflect.ptx_images)."""
+        if self._cuda_image is None:
+            if self._vmfb is None:
+                raise ValueError(f"module {self.path} is not a CUDA module")
+            self._cuda_image = (self.path, hashlib.sha256(self._vmfb).hexdigest()), tuple(ptx_images(self._vmfb))
+        return self._cuda_image
 
     def kernel(self, function_name: str) -> "Kernel":
         k = self._kernels.get(function_name)

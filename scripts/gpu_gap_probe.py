@@ -30,7 +30,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -39,14 +38,9 @@ GRAPHS = "--graphs" in sys.argv
 
 
 def med_us(fn, n, warm=3):
-    for _ in range(warm):
-        fn()
-    ts = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return 1e6 * statistics.median(ts)
+    """Median microseconds of `n` calls of `fn` after `warm` untimed ones (the bench's timer)."""
+    from aclnn_iree.tools.bench import _median_time
+    return 1e6 * _median_time(fn, n, warm)
 
 
 def gpu_profile(torch, fn, calls=5):

@@ -65,9 +65,8 @@ def test_every_entry_is_launchable_as_iree_does(modules):
         for function in spec.function_names(CUDA):
             for step in _cuda.dispatches(spec, params, function) or ():
                 e = entries[step.entry]
-                tensors = len(step.operands) - len(_cuda.SIZES) + (step.result is not None)
                 block = GPU_POINTS_WORKGROUP if step.entry == "dx_dgrid_points" else GPU_WORKGROUP_SIZE
-                assert (e.bindings, e.constants, e.block) == (tensors, len(_cuda.SIZES), (block, 1, 1))
+                assert (e.bindings, e.constants, e.block) == (step.bindings, len(_cuda.SIZES), (block, 1, 1))
                 assert all(a == 16 for a in e.params[:e.bindings]), (name, e)  # the bindings' alignment(16)
                 checked.add((spec.op, step.entry))
     assert checked == {("grid_sampler_2d_backward", "dx_atomic"), ("grid_sampler_2d_backward", "dgrid_points_gpu"),

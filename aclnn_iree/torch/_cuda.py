@@ -63,6 +63,11 @@ class Dispatch:
     operands: tuple
     result: str | None
 
+    @property
+    def bindings(self) -> int:
+        """The bindings the dispatch passes: its tensor operands and its new result."""
+        return len(self.operands) - len(SIZES) + (self.result is not None)
+
 
 SIZES = ("Ni", "Ci", "Hi", "Wi", "Hoi", "Woi")  # every form's push constants: N, C, H, W, H_out, W_out as i32
 # the accumulator types of the templates (their !acc) as PyTorch's
@@ -95,14 +100,14 @@ class CudaPlan:
     (ACLNN_ERR_RUNTIME_ERROR) when the driver refuses a launch.
 
     steps: the function's Dispatches; operands: its operator's (see _torch_module); exe: the
-    module's runtime.cuda.Executable; generation: runtime.kernels.generation when it was made
-    (default: now): a plan made before the modules were unloaded declines, as _bridge.Plan."""
+    module's runtime.cuda.Executable.  A plan made before the modules were unloaded
+    (runtime.kernels.generation) declines, as _bridge.Plan does."""
 
     __slots__ = ("_steps", "_operands", "_exe", "_event", "_generation")
 
-    def __init__(self, steps, operands, exe, event: str = "", generation=None):
+    def __init__(self, steps, operands, exe, event: str = ""):
         self._steps, self._operands, self._exe, self._event = steps, operands, exe, event
-        self._generation = kernels.generation if generation is None else generation
+        self._generation = kernels.generation
 
     def launches(self, inputs, outputs):
         """([(entry, work items, binding addresses, push constants)] of a call in order, its
@@ -159,8 +164,7 @@ def plan_for(ex, device_index: int, event: str):
     exe = cuda.executable(identity, device_index, images)
     for step in steps:  # the module has each kernel, taking what the step passes
         e = exe.entries.get(step.entry)
-        if e is None or (e.bindings, e.constants) != (len(step.operands) - len(SIZES) + (step.result is not None),
-                                                      len(SIZES)):
+        if e is None or (e.bindings, e.constants) != (step.bindings, len(SIZES)):
             raise ValueError(f"module {module.path} has no kernel {step.entry} taking the arguments the stream "
                              "launch passes")
-    return CudaPlan(steps, op.cuda_operands(spec, params, ex, device_index), exe, event, kernels.generation)
+    return CudaPlan(steps, op.cuda_operands(spec, params, ex, device_index), exe, event)
